@@ -1,0 +1,314 @@
+//! The [`DataParallel`] wrapper and its forward.
+
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+
+use crate::parallel_apply::{Workers, run};
+use crate::replicate::{initialize, replicate};
+use crate::{BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Shards};
+
+/// A module whose forward splits the batch over several devices and runs one replica per
+/// device at the same time.
+///
+/// Each forward scatters the input along [`dim`](Self::dim), makes a differentiable replica of
+/// the module on every device that receives a shard, runs the replicas on persistent worker
+/// threads (one per device), and gathers the outputs on [`output_device`](Self::output_device).
+/// Under an autodiff backend, gradients of every replica flow back into the one set of
+/// parameters held by the wrapped module, which lives on the output device.
+///
+/// The wrapper is a [`Module`] whose record is the wrapped module's record: checkpoints load
+/// into the bare model and back, parameter ids and optimizer state are shared.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::DataParallel;
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+/// // Two replicas; on a GPU machine, list distinct devices.
+/// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+///
+/// let input = Tensor::<B, 2>::ones([5, 8], &device);
+/// let output = dp.forward_with(input, |model, shard| model.forward(shard)).unwrap();
+/// assert_eq!(output.dims(), [5, 2]);
+/// output.sum().backward();
+/// ```
+pub struct DataParallel<B: Backend, M> {
+    pub(crate) module: M,
+    pub(crate) devices: Vec<B::Device>,
+    pub(crate) output_device: B::Device,
+    pub(crate) dim: usize,
+    pub(crate) shard_weights: Option<Vec<f64>>,
+    pub(crate) workers: Option<Arc<Workers>>,
+}
+
+/// A module that [`DataParallel::forward`] can run: one input type to split, one output type
+/// to gather.
+///
+/// # Example
+///
+/// ```
+/// use burn::nn::Linear;
+/// use burn::tensor::{Tensor, backend::Backend};
+/// use burn_dataparallel::Forward;
+///
+/// #[derive(burn::module::Module, Debug)]
+/// struct Classifier<B: Backend> {
+///     linear: Linear<B>,
+/// }
+///
+/// impl<B: Backend> Forward<B> for Classifier<B> {
+///     type Input = Tensor<B, 2>;
+///     type Output = Tensor<B, 2>;
+///
+///     fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
+///         self.linear.forward(input)
+///     }
+/// }
+/// ```
+pub trait Forward<B: Backend> {
+    /// What the forward takes; split into one shard per replica.
+    type Input: Scatter<B> + Send;
+    /// What the forward returns; gathered from all replicas.
+    type Output: Gather<B> + Send;
+
+    /// Runs the module on one shard.
+    fn forward(&self, input: Self::Input) -> Self::Output;
+}
+
+impl<B: Backend, M: Module<B>> DataParallel<B, M> {
+    /// Wraps `module` to run on `devices`, gathering on the first device along dim 0.
+    ///
+    /// The module's lazy parameters are initialised and, where they are not on the output
+    /// device, the module is forked there. A device may appear more than once: each entry is
+    /// one replica with its own worker thread.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::NoDevices`] when `devices` is empty;
+    /// [`DataParallelError::WorkerSpawn`] when the worker threads cannot be started.
+    pub fn new(module: M, devices: Vec<B::Device>) -> Result<Self, DataParallelError> {
+        DataParallelConfig::new().init(module, devices)
+    }
+
+    /// Validates the settings, prepares the module and starts the workers.
+    pub(crate) fn build(
+        module: M,
+        devices: Vec<B::Device>,
+        output_index: usize,
+        dim: usize,
+        shard_weights: Option<Vec<f64>>,
+    ) -> Result<Self, DataParallelError> {
+        if devices.is_empty() {
+            return Err(DataParallelError::NoDevices);
+        }
+        let output_device =
+            devices
+                .get(output_index)
+                .cloned()
+                .ok_or(DataParallelError::OutputDeviceIndex {
+                    index: output_index,
+                    len: devices.len(),
+                })?;
+        if let Some(weights) = &shard_weights {
+            crate::shards::check_weights(weights, devices.len())?;
+        }
+        let workers = match devices.len() {
+            1 => None,
+            slots => Some(Arc::new(Workers::new(slots)?)),
+        };
+        Ok(Self {
+            module: on_device(module, &output_device),
+            devices,
+            output_device,
+            dim,
+            shard_weights,
+            workers,
+        })
+    }
+
+    /// Gathers outputs on `device`, which must be one of the devices; the wrapped module moves
+    /// there too.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::OutputDeviceNotListed`] when `device` is not in the device list.
+    pub fn with_output_device(self, device: B::Device) -> Result<Self, DataParallelError> {
+        if !self.devices.contains(&device) {
+            return Err(DataParallelError::OutputDeviceNotListed {
+                device: format!("{device:?}"),
+                devices: format!("{:?}", self.devices),
+            });
+        }
+        Ok(Self {
+            module: on_device(self.module, &device),
+            output_device: device,
+            ..self
+        })
+    }
+
+    /// The wrapped module, which holds the parameters.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// Unwraps the module, for saving, inference or further training without the wrapper.
+    pub fn into_inner(self) -> M {
+        self.module
+    }
+
+    /// The devices the replicas run on, one entry per replica.
+    pub fn replica_devices(&self) -> &[B::Device] {
+        &self.devices
+    }
+
+    /// The device where outputs are gathered and the parameters live.
+    pub fn output_device(&self) -> &B::Device {
+        &self.output_device
+    }
+
+    /// The dimension inputs are split along and outputs concatenated along.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The relative share of the batch given to each device, if set.
+    pub fn shard_weights(&self) -> Option<&[f64]> {
+        self.shard_weights.as_deref()
+    }
+
+    /// How `input` would be split: one entry per replica that receives items.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Scatter::batch_size`], [`DataParallelError::NothingToScatter`] when `input`
+    /// holds no tensor, and [`DataParallelError::EmptyBatch`] when its batch is empty.
+    pub fn shards<I: Scatter<B>>(&self, input: &I) -> Result<Shards<B>, DataParallelError> {
+        let dim = self.dim;
+        match input.batch_size(dim)? {
+            None => Err(DataParallelError::NothingToScatter { dim }),
+            Some(0) => Err(DataParallelError::EmptyBatch { dim }),
+            Some(batch_size) => Ok(Shards::new(
+                batch_size,
+                &self.devices,
+                self.shard_weights.as_deref(),
+                dim,
+                self.output_device.clone(),
+            )),
+        }
+    }
+
+    /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
+    ///
+    /// # Shapes
+    ///
+    /// Those of `M::forward`, with the batch dimension [`dim`](Self::dim) of the input split
+    /// and that of the output concatenated.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`forward_with`](Self::forward_with).
+    pub fn forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
+    where
+        M: Forward<B>,
+    {
+        self.forward_with(input, |replica, shard| Forward::forward(replica, shard))
+    }
+
+    /// Runs `forward(replica, shard)` for every shard of `input` and gathers the outputs.
+    ///
+    /// A single shard runs on the calling thread; several run at the same time, each on its
+    /// device's worker thread. Return [`Mean`](crate::Mean) or [`Sum`](crate::Sum) around a
+    /// per-replica loss to combine it over the whole batch.
+    ///
+    /// # Shapes
+    ///
+    /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
+    /// that of the output concatenated.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`shards`](Self::shards) for a bad input,
+    /// [`DataParallelError::ReplicaPanicked`] when a replica panics, and those of
+    /// [`Gather::gather`] when the outputs disagree. The wrapper stays usable after an error.
+    pub fn forward_with<I, O, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
+    where
+        I: Scatter<B> + Send,
+        O: Gather<B> + Send,
+        F: Fn(&M, I) -> O + Sync,
+    {
+        self.try_forward_with(input, |replica, shard| {
+            Ok::<_, std::convert::Infallible>(forward(replica, shard))
+        })
+    }
+
+    /// Like [`forward_with`](Self::forward_with), for a forward that can fail.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`forward_with`](Self::forward_with), and
+    /// [`DataParallelError::ReplicaFailed`] with the error of the first replica that failed.
+    pub fn try_forward_with<I, O, E, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
+    where
+        I: Scatter<B> + Send,
+        O: Gather<B> + Send,
+        E: Into<BoxError>,
+        F: Fn(&M, I) -> Result<O, E> + Sync,
+    {
+        let shards = self.shards(&input)?;
+        let forward = |replica: &M, shard: I| forward(replica, shard).map_err(Into::into);
+        let inputs = input.scatter(&shards);
+        let replicas = replicate(&self.module, shards.devices());
+        let results = match &self.workers {
+            Some(workers) if shards.len() > 1 => {
+                let jobs = shards.replicas().iter().copied().zip(replicas).zip(inputs);
+                let jobs = jobs.map(|((slot, replica), input)| (slot, replica, input));
+                workers.apply(jobs.collect(), &forward)
+            }
+            _ => replicas
+                .iter()
+                .zip(inputs)
+                .map(|(replica, input)| run(replica, input, &forward))
+                .collect(),
+        };
+        self.sync_running_states();
+        let outputs = results
+            .into_iter()
+            .enumerate()
+            .map(|(i, result)| {
+                result.map_err(|failure| {
+                    let device = format!("{:?}", shards.devices()[i]);
+                    failure.into_error(shards.replicas()[i], device)
+                })
+            })
+            .collect::<Result<Vec<O>, _>>()?;
+        O::gather(outputs, &shards)
+    }
+
+    /// Folds the replicas' pending running-state updates (batch-norm statistics) into the
+    /// shared value, so that every forward ends with synchronised statistics.
+    ///
+    /// `RunningState` keeps one pending value per thread and only averages them when a thread
+    /// that holds one reads it again; a replica whose thread held none would otherwise read a
+    /// stale value. Turning the module into its record runs that synchronisation.
+    fn sync_running_states(&self) {
+        let _ = self.module.clone().into_record();
+    }
+}
+
+/// Initialises `module`'s lazy parameters and forks it to `device` unless it is all there.
+fn on_device<B: Backend, M: Module<B>>(module: M, device: &B::Device) -> M {
+    initialize(&module);
+    match module.devices().as_slice() {
+        [] => module,
+        [only] if only == device => module,
+        _ => module.fork(device),
+    }
+}

@@ -1,0 +1,225 @@
+//! Combining the replicas' outputs on the output device.
+
+use burn::tensor::{BasicOps, Tensor, backend::Backend};
+
+use crate::{DataParallelError, Shards, ops};
+
+/// A value that can be combined from one output per replica.
+///
+/// Tensors are moved to [`Shards::output_device`] and concatenated along [`Shards::dim`];
+/// tuples, `Vec`, arrays and `Option` are walked; [`Mean`] and [`Sum`] combine per-replica
+/// reductions such as losses. A user struct gets an implementation from
+/// [`impl_gather!`](crate::impl_gather).
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{Gather, Mean, Shards};
+///
+/// let device = Default::default();
+/// let shards = Shards::<Flex>::new(3, &[device, device], None, 0, device);
+/// let outputs = vec![
+///     (Tensor::<Flex, 2>::zeros([2, 4], &device), Mean(Tensor::<Flex, 1>::from_floats([1.0], &device))),
+///     (Tensor::<Flex, 2>::ones([1, 4], &device), Mean(Tensor::<Flex, 1>::from_floats([4.0], &device))),
+/// ];
+/// let (logits, Mean(loss)) = Gather::gather(outputs, &shards).unwrap();
+/// assert_eq!(logits.dims(), [3, 4]);
+/// // (2 * 1.0 + 1 * 4.0) / 3 = 2.0: the mean over all three items.
+/// assert_eq!(loss.into_scalar(), 2.0);
+/// ```
+pub trait Gather<B: Backend>: Sized {
+    /// Combines `outputs`, one per shard in the order of `shards`, on `shards.output_device()`.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::OutputShapeMismatch`] when tensors differ outside the gather
+    /// dimension, [`DataParallelError::OutputStructureMismatch`] when structures differ, and
+    /// [`DataParallelError::DimOutOfRange`] when a tensor has no dimension `dim`.
+    ///
+    /// # Panics
+    ///
+    /// If `outputs` is empty.
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError>;
+}
+
+/// A per-replica mean (a loss with mean reduction) to combine as a mean over the whole batch.
+///
+/// Gathering weights each replica's value by its shard size, so the result equals the mean
+/// over the whole batch even when shards are uneven (PyTorch's `DataParallel` returns a vector
+/// of per-replica losses whose plain `.mean()` does not).
+///
+/// # Shapes
+///
+/// Every replica's tensor has the same shape, which is also the result's shape.
+#[derive(Debug, Clone)]
+pub struct Mean<T>(pub T);
+
+/// A per-replica sum (a loss with sum reduction) to combine as a sum over the whole batch.
+///
+/// # Shapes
+///
+/// Every replica's tensor has the same shape, which is also the result's shape.
+#[derive(Debug, Clone)]
+pub struct Sum<T>(pub T);
+
+fn check_same_shape<const D: usize>(
+    shapes: impl Iterator<Item = [usize; D]>,
+    dim: Option<usize>,
+) -> Result<(), DataParallelError> {
+    let mut shapes = shapes.enumerate();
+    let (_, first) = shapes.next().expect("at least one output");
+    let masked = |mut shape: [usize; D]| {
+        if let Some(dim) = dim {
+            shape[dim] = first[dim];
+        }
+        shape
+    };
+    match shapes.find(|(_, shape)| masked(*shape) != first) {
+        Some((replica, found)) => Err(DataParallelError::OutputShapeMismatch {
+            replica,
+            expected: first.to_vec(),
+            found: found.to_vec(),
+            dim,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn on_output_device<B: Backend, const D: usize, K: BasicOps<B>>(
+    outputs: Vec<Tensor<B, D, K>>,
+    shards: &Shards<B>,
+) -> Vec<Tensor<B, D, K>> {
+    outputs
+        .into_iter()
+        .map(|tensor| ops::move_to(tensor, shards.output_device()))
+        .collect()
+}
+
+impl<B: Backend, const D: usize, K: BasicOps<B>> Gather<B> for Tensor<B, D, K> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        let dim = shards.dim();
+        if dim >= D {
+            return Err(DataParallelError::DimOutOfRange { dim, rank: D });
+        }
+        check_same_shape(outputs.iter().map(Tensor::dims), Some(dim))?;
+        Ok(ops::concat(on_output_device(outputs, shards), dim))
+    }
+}
+
+impl<B: Backend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        check_same_shape(outputs.iter().map(|Mean(t)| t.dims()), None)?;
+        let outputs = on_output_device(outputs.into_iter().map(|Mean(t)| t).collect(), shards);
+        if outputs.len() == 1 {
+            return Ok(Mean(outputs.into_iter().next().expect("one output")));
+        }
+        let total = shards.batch_size() as f64;
+        let weighted = outputs
+            .into_iter()
+            .zip(shards.sizes())
+            .map(|(tensor, &size)| tensor.mul_scalar(size as f64 / total))
+            .reduce(|sum, tensor| sum + tensor)
+            .expect("at least one output");
+        Ok(Mean(weighted))
+    }
+}
+
+impl<B: Backend, const D: usize> Gather<B> for Sum<Tensor<B, D>> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        check_same_shape(outputs.iter().map(|Sum(t)| t.dims()), None)?;
+        let outputs = on_output_device(outputs.into_iter().map(|Sum(t)| t).collect(), shards);
+        let sum = outputs
+            .into_iter()
+            .reduce(|sum, tensor| sum + tensor)
+            .expect("at least one output");
+        Ok(Sum(sum))
+    }
+}
+
+impl<B: Backend, T: Gather<B>> Gather<B> for Option<T> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        let describe = |value: &Option<T>| if value.is_some() { "Some" } else { "None" };
+        let expected = describe(&outputs[0]);
+        if let Some(replica) = outputs.iter().position(|o| describe(o) != expected) {
+            return Err(DataParallelError::OutputStructureMismatch {
+                replica,
+                expected: expected.into(),
+                found: describe(&outputs[replica]).into(),
+            });
+        }
+        match outputs[0] {
+            None => Ok(None),
+            Some(_) => T::gather(outputs.into_iter().flatten().collect(), shards).map(Some),
+        }
+    }
+}
+
+/// Transposes replica-major items into item-major lists, checking every replica has `len` items.
+fn transpose<T>(outputs: Vec<Vec<T>>) -> Result<Vec<Vec<T>>, DataParallelError> {
+    let len = outputs[0].len();
+    if let Some(replica) = outputs.iter().position(|o| o.len() != len) {
+        return Err(DataParallelError::OutputStructureMismatch {
+            replica,
+            expected: format!("{len} items"),
+            found: format!("{} items", outputs[replica].len()),
+        });
+    }
+    let mut items: Vec<Vec<T>> = (0..len)
+        .map(|_| Vec::with_capacity(outputs.len()))
+        .collect();
+    for output in outputs {
+        for (item, value) in items.iter_mut().zip(output) {
+            item.push(value);
+        }
+    }
+    Ok(items)
+}
+
+impl<B: Backend, T: Gather<B>> Gather<B> for Vec<T> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        transpose(outputs)?
+            .into_iter()
+            .map(|item| T::gather(item, shards))
+            .collect()
+    }
+}
+
+impl<B: Backend, T: Gather<B>, const N: usize> Gather<B> for [T; N] {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        let items = Vec::gather(outputs.into_iter().map(Vec::from).collect(), shards)?;
+        let mut items = items.into_iter();
+        Ok(core::array::from_fn(|_| items.next().expect("N items")))
+    }
+}
+
+impl<B: Backend> Gather<B> for () {
+    fn gather(_outputs: Vec<Self>, _shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        Ok(())
+    }
+}
+
+macro_rules! gather_tuple {
+    ($($name:ident : $index:tt),+) => {
+        impl<B: Backend, $($name: Gather<B>),+> Gather<B> for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+                $(let mut $name = Vec::with_capacity(outputs.len());)+
+                for output in outputs {
+                    $($name.push(output.$index);)+
+                }
+                Ok(($(<$name as Gather<B>>::gather($name, shards)?,)+))
+            }
+        }
+    };
+}
+
+gather_tuple!(T0: 0);
+gather_tuple!(T0: 0, T1: 1);
+gather_tuple!(T0: 0, T1: 1, T2: 2);
+gather_tuple!(T0: 0, T1: 1, T2: 2, T3: 3);
+gather_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4);
+gather_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5);
+gather_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6);
+gather_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);

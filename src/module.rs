@@ -1,0 +1,141 @@
+//! [`Module`] implementations that make the wrapper transparent to Burn.
+//!
+//! Everything delegates to the wrapped module: the record, parameter visits and maps, device
+//! moves. A checkpoint saved through the wrapper is the bare module's checkpoint, without the
+//! `inner.` prefix that `#[derive(Module)]` on a wrapper struct would add.
+
+use burn::module::{
+    AutodiffModule, Content, Devices, HasAutodiffModule, Module, ModuleDisplay,
+    ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use crate::DataParallel;
+
+impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
+    fn clone(&self) -> Self {
+        Self {
+            module: self.module.clone(),
+            devices: self.devices.clone(),
+            output_device: self.output_device.clone(),
+            dim: self.dim,
+            shard_weights: self.shard_weights.clone(),
+            workers: self.workers.clone(),
+        }
+    }
+}
+
+impl<B: Backend, M: core::fmt::Debug> core::fmt::Debug for DataParallel<B, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DataParallel")
+            .field("module", &self.module)
+            .field("devices", &self.devices)
+            .field("output_device", &self.output_device)
+            .field("dim", &self.dim)
+            .field("shard_weights", &self.shard_weights)
+            .finish()
+    }
+}
+
+impl<B: Backend, M: Module<B>> Module<B> for DataParallel<B, M> {
+    type Record = M::Record;
+
+    fn collect_devices(&self, devices: Devices<B>) -> Devices<B> {
+        self.module.collect_devices(devices)
+    }
+
+    fn fork(self, device: &B::Device) -> Self {
+        Self {
+            module: self.module.fork(device),
+            ..self
+        }
+    }
+
+    fn to_device(self, device: &B::Device) -> Self {
+        Self {
+            module: self.module.to_device(device),
+            ..self
+        }
+    }
+
+    fn visit<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
+        self.module.visit(visitor)
+    }
+
+    fn map<Mapper: ModuleMapper<B>>(self, mapper: &mut Mapper) -> Self {
+        Self {
+            module: self.module.map(mapper),
+            ..self
+        }
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        Self {
+            module: self.module.load_record(record),
+            ..self
+        }
+    }
+
+    fn into_record(self) -> Self::Record {
+        self.module.into_record()
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParallel<B, M> {
+    type InnerModule = DataParallel<B::InnerBackend, M::InnerModule>;
+
+    fn valid(&self) -> Self::InnerModule {
+        DataParallel {
+            module: self.module.valid(),
+            devices: self.devices.clone(),
+            output_device: self.output_device.clone(),
+            dim: self.dim,
+            shard_weights: self.shard_weights.clone(),
+            workers: self.workers.clone(),
+        }
+    }
+
+    fn from_inner(inner: Self::InnerModule) -> Self {
+        DataParallel {
+            module: M::from_inner(inner.module),
+            devices: inner.devices,
+            output_device: inner.output_device,
+            dim: inner.dim,
+            shard_weights: inner.shard_weights,
+            workers: inner.workers,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, M: HasAutodiffModule<B>> HasAutodiffModule<B>
+    for DataParallel<B::InnerBackend, M>
+where
+    M: Module<B::InnerBackend>,
+    M::TrainModule: AutodiffModule<B, InnerModule = M>,
+{
+    type TrainModule = DataParallel<B, M::TrainModule>;
+}
+
+impl<B: Backend, M: ModuleDisplay> ModuleDisplayDefault for DataParallel<B, M> {
+    fn content(&self, content: Content) -> Option<Content> {
+        content
+            .set_top_level_type("DataParallel")
+            .add_debug_attribute("devices", &self.devices)
+            .add_debug_attribute("output_device", &self.output_device)
+            .add_debug_attribute("dim", &self.dim)
+            .add("module", &self.module)
+            .optional()
+    }
+
+    fn num_params(&self) -> usize {
+        self.module.num_params()
+    }
+}
+
+impl<B: Backend, M: ModuleDisplay> ModuleDisplay for DataParallel<B, M> {}
+
+impl<B: Backend, M: ModuleDisplay> core::fmt::Display for DataParallel<B, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", ModuleDisplay::format(self, Default::default()))
+    }
+}

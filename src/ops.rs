@@ -1,0 +1,41 @@
+//! The concatenate/split/move seam of the pipeline.
+//!
+//! Every concatenation, split and device move that scatter and gather perform goes through
+//! these functions, so that faster implementations replace them in one place.
+
+use burn::tensor::{BasicOps, Tensor, backend::Backend};
+
+/// Concatenates `tensors` (all on one device) along `dim`.
+pub(crate) fn concat<B: Backend, const D: usize, K: BasicOps<B>>(
+    mut tensors: Vec<Tensor<B, D, K>>,
+    dim: usize,
+) -> Tensor<B, D, K> {
+    if tensors.len() == 1 {
+        return tensors.pop().expect("one tensor");
+    }
+    Tensor::cat(tensors, dim)
+}
+
+/// Splits `tensor` along `dim` into pieces of the given positive sizes.
+pub(crate) fn split<B: Backend, const D: usize, K: BasicOps<B>>(
+    tensor: Tensor<B, D, K>,
+    sizes: &[usize],
+    dim: usize,
+) -> Vec<Tensor<B, D, K>> {
+    if sizes.len() == 1 {
+        return vec![tensor];
+    }
+    tensor.split_with_sizes(sizes.to_vec(), dim)
+}
+
+/// Moves `tensor` to `device`; a tensor already there is returned as it is.
+pub(crate) fn move_to<B: Backend, const D: usize, K: BasicOps<B>>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    if tensor.device() == *device {
+        tensor
+    } else {
+        tensor.to_device(device)
+    }
+}

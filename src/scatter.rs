@@ -1,0 +1,246 @@
+//! Splitting a batch into one shard per replica.
+
+use burn::tensor::{BasicOps, Tensor, backend::Backend};
+
+use crate::{DataParallelError, Shards, ops};
+
+/// A value that can be split into one shard per replica.
+///
+/// Tensors are split along [`Shards::dim`] and moved to each shard's device; tuples, `Vec`,
+/// arrays and `Option` are walked; values that hold no tensor (numbers, strings, [`Shared`])
+/// are cloned into every shard. A user struct gets an implementation from
+/// [`impl_scatter!`](crate::impl_scatter).
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::{Int, Tensor};
+/// use burn_dataparallel::{Scatter, Shards};
+///
+/// let device = Default::default();
+/// let batch = (
+///     Tensor::<Flex, 2>::ones([5, 3], &device),
+///     Tensor::<Flex, 1, Int>::arange(0..5, &device),
+/// );
+/// assert_eq!(batch.batch_size(0).unwrap(), Some(5));
+///
+/// let shards = Shards::<Flex>::new(5, &[device, device], None, 0, device);
+/// let parts = batch.scatter(&shards);
+/// assert_eq!(parts[0].0.dims(), [3, 3]);
+/// assert_eq!(parts[1].1.dims(), [2]);
+/// ```
+pub trait Scatter<B: Backend>: Sized {
+    /// Size of the batch along `dim`, or `None` when the value holds no tensor.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::BatchSizeMismatch`] when two tensors disagree, and
+    /// [`DataParallelError::DimOutOfRange`] when a tensor has no dimension `dim`.
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError>;
+
+    /// Splits the value into [`Shards::len`] parts, part `i` on `shards.devices()[i]`.
+    ///
+    /// # Panics
+    ///
+    /// If the value's batch size is not [`Shards::batch_size`]; call
+    /// [`batch_size`](Scatter::batch_size) first.
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self>;
+}
+
+/// Combines the batch sizes of two parts of one input.
+///
+/// # Errors
+///
+/// [`DataParallelError::BatchSizeMismatch`] when both are known and differ.
+pub fn merge_batch_size(
+    first: Option<usize>,
+    second: Option<usize>,
+    dim: usize,
+) -> Result<Option<usize>, DataParallelError> {
+    match (first, second) {
+        (Some(expected), Some(found)) if expected != found => {
+            Err(DataParallelError::BatchSizeMismatch {
+                dim,
+                expected,
+                found,
+            })
+        }
+        (Some(size), _) | (None, Some(size)) => Ok(Some(size)),
+        (None, None) => Ok(None),
+    }
+}
+
+impl<B: Backend, const D: usize, K: BasicOps<B>> Scatter<B> for Tensor<B, D, K> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        if dim >= D {
+            return Err(DataParallelError::DimOutOfRange { dim, rank: D });
+        }
+        Ok(Some(self.dims()[dim]))
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        ops::split(self, shards.sizes(), shards.dim())
+            .into_iter()
+            .zip(shards.devices())
+            .map(|(part, device)| ops::move_to(part, device))
+            .collect()
+    }
+}
+
+impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        match self {
+            Some(value) => value.batch_size(dim),
+            None => Ok(None),
+        }
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        match self {
+            Some(value) => value.scatter(shards).into_iter().map(Some).collect(),
+            None => (0..shards.len()).map(|_| None).collect(),
+        }
+    }
+}
+
+impl<B: Backend, T: Scatter<B>> Scatter<B> for Vec<T> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        self.iter().try_fold(None, |size, item| {
+            merge_batch_size(size, item.batch_size(dim)?, dim)
+        })
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        let mut parts: Vec<Self> = (0..shards.len())
+            .map(|_| Vec::with_capacity(self.len()))
+            .collect();
+        for item in self {
+            for (part, piece) in parts.iter_mut().zip(item.scatter(shards)) {
+                part.push(piece);
+            }
+        }
+        parts
+    }
+}
+
+impl<B: Backend, T: Scatter<B>, const N: usize> Scatter<B> for [T; N] {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        self.iter().try_fold(None, |size, item| {
+            merge_batch_size(size, item.batch_size(dim)?, dim)
+        })
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        Vec::from(self)
+            .scatter(shards)
+            .into_iter()
+            .map(|part| {
+                let mut items = part.into_iter();
+                core::array::from_fn(|_| items.next().expect("one piece per item"))
+            })
+            .collect()
+    }
+}
+
+macro_rules! scatter_tuple {
+    ($($name:ident : $index:tt),+) => {
+        impl<B: Backend, $($name: Scatter<B>),+> Scatter<B> for ($($name,)+) {
+            fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+                let size = None;
+                $(let size = merge_batch_size(size, self.$index.batch_size(dim)?, dim)?;)+
+                Ok(size)
+            }
+
+            #[allow(non_snake_case)]
+            fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+                $(let mut $name = self.$index.scatter(shards).into_iter();)+
+                (0..shards.len())
+                    .map(|_| ($($name.next().expect("one piece per shard"),)+))
+                    .collect()
+            }
+        }
+    };
+}
+
+scatter_tuple!(T0: 0);
+scatter_tuple!(T0: 0, T1: 1);
+scatter_tuple!(T0: 0, T1: 1, T2: 2);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);
+
+/// A value given unchanged to every replica.
+///
+/// Wrap any `Clone` value that is not a batch (a config, a lookup table, a flag) so that it can
+/// travel inside a scattered input.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{Scatter, Shared, Shards};
+///
+/// let device = Default::default();
+/// let input = (Tensor::<Flex, 1>::ones([4], &device), Shared(vec!["label"; 3]));
+/// let shards = Shards::<Flex>::new(4, &[device, device], None, 0, device);
+/// for (tensor, shared) in input.scatter(&shards) {
+///     assert_eq!(tensor.dims(), [2]);
+///     assert_eq!(shared.0.len(), 3);
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shared<T>(pub T);
+
+fn replicate_value<T: Clone, B: Backend>(value: T, shards: &Shards<B>) -> Vec<T> {
+    vec![value; shards.len()]
+}
+
+impl<B: Backend, T: Clone> Scatter<B> for Shared<T> {
+    fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+        Ok(None)
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        replicate_value(self, shards)
+    }
+}
+
+macro_rules! scatter_shared {
+    ($($ty:ty),+) => {
+        $(
+            impl<B: Backend> Scatter<B> for $ty {
+                fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+                    Ok(None)
+                }
+
+                fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+                    replicate_value(self, shards)
+                }
+            }
+        )+
+    };
+}
+
+scatter_shared!(
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    isize,
+    f32,
+    f64,
+    String,
+    &'static str
+);

@@ -1,0 +1,191 @@
+//! How a batch is divided among the replicas.
+
+use burn::tensor::backend::Backend;
+
+use crate::DataParallelError;
+
+/// The shards of one forward: which replicas run, on which devices, with how many items each.
+///
+/// Built by [`DataParallel`](crate::DataParallel) before every forward and handed to
+/// [`Scatter::scatter`](crate::Scatter::scatter) and [`Gather::gather`](crate::Gather::gather).
+/// Only replicas that receive at least one item take part.
+#[derive(Debug, Clone)]
+pub struct Shards<B: Backend> {
+    dim: usize,
+    replicas: Vec<usize>,
+    sizes: Vec<usize>,
+    devices: Vec<B::Device>,
+    output_device: B::Device,
+}
+
+impl<B: Backend> Shards<B> {
+    /// Shards for `batch_size` items over `devices`, sized by [`shard_sizes`].
+    ///
+    /// # Panics
+    ///
+    /// If `devices` is empty, `batch_size` is zero, or `weights` has another length than
+    /// `devices`.
+    pub fn new(
+        batch_size: usize,
+        devices: &[B::Device],
+        weights: Option<&[f64]>,
+        dim: usize,
+        output_device: B::Device,
+    ) -> Self {
+        let all_sizes = shard_sizes(batch_size, devices.len(), weights);
+        let replicas: Vec<usize> = (0..devices.len()).filter(|&i| all_sizes[i] > 0).collect();
+        Self {
+            dim,
+            sizes: replicas.iter().map(|&i| all_sizes[i]).collect(),
+            devices: replicas.iter().map(|&i| devices[i].clone()).collect(),
+            replicas,
+            output_device,
+        }
+    }
+
+    /// Number of shards (replicas taking part).
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Always false: there is at least one shard.
+    pub fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+
+    /// The dimension inputs are split along and outputs concatenated along.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Items in each shard, all positive.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Total number of items.
+    pub fn batch_size(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+
+    /// The device of each shard.
+    pub fn devices(&self) -> &[B::Device] {
+        &self.devices
+    }
+
+    /// Position of each shard's device in the wrapper's device list.
+    pub fn replicas(&self) -> &[usize] {
+        &self.replicas
+    }
+
+    /// Where outputs are gathered.
+    pub fn output_device(&self) -> &B::Device {
+        &self.output_device
+    }
+}
+
+/// Splits `batch_size` items over `slots` devices; the result has one entry per device.
+///
+/// Without weights the shards are as even as possible: sizes differ by at most one, the larger
+/// shards come first, so at most two distinct shard shapes occur. A batch smaller than the
+/// device count gives one item to each of the first `batch_size` devices and zero to the rest.
+/// With weights each device receives `batch_size * w_i / sum(w)` rounded by the largest
+/// remainder method (ties go to the earlier device); the sizes always sum to `batch_size`.
+///
+/// # Panics
+///
+/// If `slots` is zero or `weights` has another length than `slots`.
+pub fn shard_sizes(batch_size: usize, slots: usize, weights: Option<&[f64]>) -> Vec<usize> {
+    assert!(slots > 0, "shard_sizes needs at least one slot");
+    match weights {
+        None => {
+            let used = batch_size.min(slots).max(1);
+            let (base, extra) = (batch_size / used, batch_size % used);
+            (0..slots)
+                .map(|i| match i {
+                    i if i < extra => base + 1,
+                    i if i < used => base,
+                    _ => 0,
+                })
+                .collect()
+        }
+        Some(weights) => {
+            assert_eq!(weights.len(), slots, "one weight per slot");
+            let total: f64 = weights.iter().sum();
+            let ideal: Vec<f64> = weights
+                .iter()
+                .map(|w| batch_size as f64 * w / total)
+                .collect();
+            let mut sizes: Vec<usize> = ideal.iter().map(|x| x.floor() as usize).collect();
+            let assigned: usize = sizes.iter().sum();
+            let mut order: Vec<usize> = (0..slots).collect();
+            order.sort_by(|&a, &b| {
+                let (fa, fb) = (ideal[a] - ideal[a].floor(), ideal[b] - ideal[b].floor());
+                fb.total_cmp(&fa).then(a.cmp(&b))
+            });
+            for &i in order
+                .iter()
+                .cycle()
+                .take(batch_size.saturating_sub(assigned))
+            {
+                sizes[i] += 1;
+            }
+            sizes
+        }
+    }
+}
+
+/// Validates shard weights against the device count.
+pub(crate) fn check_weights(weights: &[f64], devices: usize) -> Result<(), DataParallelError> {
+    if weights.len() != devices {
+        return Err(DataParallelError::ShardWeightsLength {
+            expected: devices,
+            found: weights.len(),
+        });
+    }
+    match weights.iter().position(|w| !(w.is_finite() && *w > 0.0)) {
+        Some(index) => Err(DataParallelError::InvalidShardWeight {
+            index,
+            weight: weights[index],
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_batches_put_the_larger_shards_first() {
+        assert_eq!(shard_sizes(7, 3, None), vec![3, 2, 2]);
+        assert_eq!(shard_sizes(2, 4, None), vec![1, 1, 0, 0]);
+        assert_eq!(shard_sizes(1, 4, None), vec![1, 0, 0, 0]);
+        assert_eq!(shard_sizes(8, 4, None), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn weighted_shards_follow_the_weights() {
+        assert_eq!(shard_sizes(8, 2, Some(&[1.0, 3.0])), vec![2, 6]);
+        assert_eq!(shard_sizes(10, 3, Some(&[1.0, 1.0, 1.0])), vec![4, 3, 3]);
+        assert_eq!(shard_sizes(3, 2, Some(&[1.0, 100.0])), vec![0, 3]);
+    }
+
+    #[test]
+    fn weights_are_checked() {
+        assert!(check_weights(&[1.0, 2.0], 2).is_ok());
+        assert!(matches!(
+            check_weights(&[1.0], 2),
+            Err(DataParallelError::ShardWeightsLength {
+                expected: 2,
+                found: 1
+            })
+        ));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                check_weights(&[1.0, bad], 2),
+                Err(DataParallelError::InvalidShardWeight { index: 1, .. })
+            ));
+        }
+    }
+}

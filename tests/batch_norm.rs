@@ -1,0 +1,97 @@
+//! Batch-norm running statistics after training through the wrapper: the average over
+//! replicas of what each replica's shard alone would give.
+
+#[macro_use]
+mod common;
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use burn_dataparallel::DataParallel;
+use common::*;
+
+/// Running (mean, var) a fresh copy of `model` would hold after one training forward on each
+/// shard alone, averaged over shards.
+fn expected_statistics<B: AutodiffBackend>(
+    model: &BnNet<B>,
+    shards: Vec<Tensor<B, 2>>,
+) -> (Vec<f32>, Vec<f32>) {
+    let count = shards.len() as f32;
+    let mut sums = (vec![0f32; 16], vec![0f32; 16]);
+    for shard in shards {
+        let copy =
+            BnNet::<B>::new(0.0, &Default::default()).load_record(model.clone().into_record());
+        let _ = copy.forward(shard);
+        let (mean, var) = (
+            values(copy.norm.running_mean.value_sync()),
+            values(copy.norm.running_var.value_sync()),
+        );
+        sums.0
+            .iter_mut()
+            .zip(mean)
+            .for_each(|(s, v)| *s += v / count);
+        sums.1
+            .iter_mut()
+            .zip(var)
+            .for_each(|(s, v)| *s += v / count);
+    }
+    sums
+}
+
+fn statistics<B: AutodiffBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) {
+    (
+        values(model.norm.running_mean.value()),
+        values(model.norm.running_var.value()),
+    )
+}
+
+/// Three steps with 3, then 2, then 3 shards: each ends with the average of the shards'
+/// updates of the previous statistics, whichever replicas took part before.
+fn running_statistics_average_the_shards<B: AutodiffBackend>() {
+    let device = Default::default();
+    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(3)).unwrap();
+    for batch in [7, 2, 9] {
+        let input = random::<B, 2>([batch, 8], &device);
+        let sizes = dp.shards(&input).unwrap().sizes().to_vec();
+        let expected = expected_statistics(dp.module(), input.clone().split_with_sizes(sizes, 0));
+        let _ = dp.forward_with(input, |m, x| m.forward(x)).unwrap();
+        let actual = statistics(dp.module());
+        assert_close(
+            &actual.0,
+            &expected.0,
+            &format!("running mean after batch {batch}"),
+        );
+        assert_close(
+            &actual.1,
+            &expected.1,
+            &format!("running var after batch {batch}"),
+        );
+    }
+}
+
+/// Statistics gathered through the wrapper are those saved in its record and used by its
+/// inference replicas.
+fn statistics_reach_the_record_and_inference<B: AutodiffBackend>() {
+    use burn::module::AutodiffModule;
+    let device = Default::default();
+    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(2)).unwrap();
+    let _ = dp
+        .forward_with(random::<B, 2>([6, 8], &device), |m, x| m.forward(x))
+        .unwrap();
+    let trained = statistics(dp.module());
+    assert_ne!(trained.0, vec![0.0; 16], "the running mean moved");
+
+    let restored = BnNet::<B>::new(0.0, &device).load_record(dp.clone().into_record());
+    assert_eq!(statistics(&restored), trained);
+
+    let inference = dp.valid();
+    let x = random::<B::InnerBackend, 2>([5, 8], &device);
+    let expected = restored.valid().forward(x.clone());
+    let actual = inference.forward_with(x, |m, x| m.forward(x)).unwrap();
+    assert_close(&values(actual), &values(expected), "inference output");
+}
+
+backend_tests! {
+    running_statistics => running_statistics_average_the_shards();
+    record_and_inference => statistics_reach_the_record_and_inference();
+}

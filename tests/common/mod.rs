@@ -1,0 +1,283 @@
+//! Models, reference comparisons and the backend list shared by the integration tests.
+#![allow(dead_code)]
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
+use burn::nn::{
+    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Linear, LinearConfig, PaddingConfig2d, Relu,
+};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, Tensor, TensorData};
+use burn_dataparallel::{DataParallel, Forward, Scatter};
+
+/// The CPU backend every test runs on.
+pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
+
+/// The default CUDA backend (fusion on top of CubeCL).
+#[cfg(feature = "cuda")]
+pub type CudaAd = burn::backend::Autodiff<burn::backend::Cuda>;
+
+/// CubeCL's CUDA backend without fusion.
+#[cfg(feature = "cuda")]
+pub type CubeAd =
+    burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
+
+/// Instantiates generic test bodies for every backend: the CPU backend always, the CUDA
+/// backends with the `cuda` feature.
+///
+/// `backend_tests! { name => body(args); }` defines `flex::name`, `cuda_fusion::name` and
+/// `cuda_cube::name`, each calling `body::<Backend>(args)`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident => $body:ident ( $($arg:expr),* );)*) => {
+        mod flex {
+            use super::*;
+            $(#[test] fn $name() { $body::<$crate::common::FlexAd>($($arg),*) })*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_fusion {
+            use super::*;
+            $(#[test] fn $name() { $body::<$crate::common::CudaAd>($($arg),*) })*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_cube {
+            use super::*;
+            $(#[test] fn $name() { $body::<$crate::common::CubeAd>($($arg),*) })*
+        }
+    };
+}
+
+/// `n` entries of the backend's default device: several replicas on one device exercise every
+/// code path of the pipeline.
+pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
+    vec![B::Device::default(); n]
+}
+
+/// A two-layer perceptron.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub hidden: Linear<B>,
+    pub activation: Relu,
+    pub output: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn new(inputs: usize, hidden: usize, outputs: usize, device: &B::Device) -> Self {
+        Self {
+            hidden: LinearConfig::new(inputs, hidden).init(device),
+            activation: Relu::new(),
+            output: LinearConfig::new(hidden, outputs).init(device),
+        }
+    }
+
+    pub fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.output
+            .forward(self.activation.forward(self.hidden.forward(input)))
+    }
+}
+
+impl<B: Backend> Forward<B> for Mlp<B> {
+    type Input = Tensor<B, 2>;
+    type Output = Tensor<B, 2>;
+
+    fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.forward(input)
+    }
+}
+
+/// A small convolutional classifier for `[batch, 3, 6, 6]` images.
+#[derive(Module, Debug)]
+pub struct ConvNet<B: Backend> {
+    pub conv: Conv2d<B>,
+    pub activation: Relu,
+    pub pool: AdaptiveAvgPool2d,
+    pub head: Linear<B>,
+}
+
+impl<B: Backend> ConvNet<B> {
+    pub fn new(device: &B::Device) -> Self {
+        Self {
+            conv: Conv2dConfig::new([3, 4], [3, 3])
+                .with_padding(PaddingConfig2d::Same)
+                .init(device),
+            activation: Relu::new(),
+            pool: AdaptiveAvgPool2dConfig::new([2, 2]).init(),
+            head: LinearConfig::new(16, 3).init(device),
+        }
+    }
+
+    pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
+        let features = self
+            .pool
+            .forward(self.activation.forward(self.conv.forward(images)));
+        self.head.forward(features.flatten(1, 3))
+    }
+}
+
+/// A perceptron with batch normalization and dropout.
+#[derive(Module, Debug)]
+pub struct BnNet<B: Backend> {
+    pub hidden: Linear<B>,
+    pub norm: BatchNorm<B>,
+    pub activation: Relu,
+    pub dropout: Dropout,
+    pub output: Linear<B>,
+}
+
+impl<B: Backend> BnNet<B> {
+    pub fn new(dropout: f64, device: &B::Device) -> Self {
+        Self {
+            hidden: LinearConfig::new(8, 16).init(device),
+            norm: BatchNormConfig::new(16).init(device),
+            activation: Relu::new(),
+            dropout: DropoutConfig::new(dropout).init(),
+            output: LinearConfig::new(16, 4).init(device),
+        }
+    }
+
+    pub fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
+        let hidden = self.norm.forward(self.hidden.forward(input));
+        self.output
+            .forward(self.dropout.forward(self.activation.forward(hidden)))
+    }
+}
+
+/// A tensor of uniform random values in `[-1, 1)`.
+pub fn random<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
+    Tensor::random(shape, Distribution::Uniform(-1.0, 1.0), device)
+}
+
+/// A fixed, position-dependent weighting: `sum(output * probe(output))` gives every output
+/// element a different gradient.
+pub fn probe<B: Backend, const D: usize>(like: &Tensor<B, D>) -> Tensor<B, D> {
+    let shape = like.shape();
+    let n = shape.num_elements() as i64;
+    Tensor::<B, 1, burn::tensor::Int>::arange(0..n, &like.device())
+        .float()
+        .mul_scalar(0.37)
+        .sin()
+        .reshape(shape)
+}
+
+/// Values of a tensor as `f32`.
+pub fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
+    data_values(tensor.into_data())
+}
+
+pub fn data_values(data: TensorData) -> Vec<f32> {
+    data.convert::<f32>().to_vec::<f32>().expect("f32 values")
+}
+
+/// Largest elementwise difference, relative to the largest magnitude in `expected`.
+pub fn relative_error(actual: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(actual.len(), expected.len(), "lengths differ");
+    let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    max_difference(actual, expected) / scale
+}
+
+fn max_difference(actual: &[f32], expected: &[f32]) -> f32 {
+    actual
+        .iter()
+        .zip(expected)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+}
+
+/// Relative tolerance for comparisons with a single-device run in f32.
+pub const TOLERANCE: f32 = 1e-5;
+
+/// Absolute slack on top of [`TOLERANCE`]: sums over the batch are added in another order when
+/// split over replicas (and that order varies between runs), and sums whose terms cancel (a
+/// convolution bias gradient over 216 positions) then differ by about 1e-6 while their result
+/// is small. A missing or doubled replica contribution differs by orders of magnitude more.
+pub const ROUNDING: f32 = 1e-6;
+
+/// Asserts `|actual - expected| <= TOLERANCE * max|expected| + ROUNDING` elementwise.
+pub fn assert_close(actual: &[f32], expected: &[f32], what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}: lengths differ");
+    let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let difference = max_difference(actual, expected);
+    assert!(
+        difference <= TOLERANCE * scale + ROUNDING,
+        "{what}: difference {difference:e} > {TOLERANCE:e} * {scale:e} + {ROUNDING:e} \
+         (relative error {:e})\nactual:   {actual:?}\nexpected: {expected:?}",
+        relative_error(actual, expected)
+    );
+}
+
+/// Every trained float parameter's gradient, by parameter id, in visiting order.
+pub fn param_grads<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &B::Gradients,
+) -> Vec<(ParamId, Vec<f32>)> {
+    struct Collect<'a, B: AutodiffBackend> {
+        grads: &'a B::Gradients,
+        out: Vec<(ParamId, Vec<f32>)>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let tensor = param.val();
+            if !tensor.is_require_grad() {
+                return; // running statistics, not trained
+            }
+            let grad = tensor
+                .grad(self.grads)
+                .expect("every parameter has a gradient");
+            self.out.push((param.id, data_values(grad.into_data())));
+        }
+    }
+    let mut collect = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut collect);
+    collect.out
+}
+
+/// Every float parameter's value, in visiting order.
+pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<f32>> {
+    struct Collect(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(values(param.val()));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
+
+pub fn assert_grads_close(actual: &[(ParamId, Vec<f32>)], expected: &[(ParamId, Vec<f32>)]) {
+    assert_eq!(actual.len(), expected.len(), "parameter count");
+    for ((id, a), (id_ref, e)) in actual.iter().zip(expected) {
+        assert_eq!(id, id_ref, "parameter order");
+        assert_close(a, e, &format!("gradient of parameter {id}"));
+    }
+}
+
+/// Runs `forward` through `dp` and, as the reference, on `bare` (which shares `dp`'s
+/// parameters) on the whole input; asserts the outputs and every parameter gradient of
+/// `sum(output * probe)` agree.
+pub fn assert_matches_bare<B, M, I, const D: usize>(
+    dp: &DataParallel<B, M>,
+    bare: &M,
+    input: I,
+    forward: impl Fn(&M, I) -> Tensor<B, D> + Sync,
+) where
+    B: AutodiffBackend,
+    M: Module<B>,
+    I: Scatter<B> + Send + Clone,
+{
+    let expected = forward(bare, input.clone());
+    let actual = dp.forward_with(input, &forward).expect("forward");
+    assert_eq!(actual.dims(), expected.dims(), "output shape");
+    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
+
+    let weights = probe(&expected);
+    let expected_grads = (expected * weights.clone()).sum().backward();
+    let actual_grads = (actual * weights).sum().backward();
+    assert_grads_close(
+        &param_grads(dp.module(), &actual_grads),
+        &param_grads(bare, &expected_grads),
+    );
+}

@@ -1,0 +1,203 @@
+//! Every way a user can misuse the wrapper gives a typed error, and the wrapper stays usable.
+
+#[macro_use]
+mod common;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError, Mean, Shared};
+use common::*;
+
+fn model<B: AutodiffBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
+    DataParallel::new(
+        Mlp::new(8, 16, 4, &Default::default()),
+        devices::<B>(replicas),
+    )
+    .unwrap()
+}
+
+fn configuration_errors<B: AutodiffBackend>() {
+    let mlp = || Mlp::<B>::new(8, 16, 4, &Default::default());
+    assert!(matches!(
+        DataParallel::new(mlp(), Vec::new()),
+        Err(DataParallelError::NoDevices)
+    ));
+    assert!(matches!(
+        DataParallelConfig::new()
+            .with_shard_weights(Some(vec![1.0]))
+            .init(mlp(), devices::<B>(2)),
+        Err(DataParallelError::ShardWeightsLength {
+            expected: 2,
+            found: 1
+        })
+    ));
+    assert!(matches!(
+        DataParallelConfig::new()
+            .with_shard_weights(Some(vec![1.0, -2.0]))
+            .init(mlp(), devices::<B>(2)),
+        Err(DataParallelError::InvalidShardWeight { index: 1, .. })
+    ));
+    assert!(matches!(
+        DataParallelConfig::new()
+            .with_output_device(2)
+            .init(mlp(), devices::<B>(2)),
+        Err(DataParallelError::OutputDeviceIndex { index: 2, len: 2 })
+    ));
+}
+
+fn input_errors<B: AutodiffBackend>() {
+    let dp = model::<B>(3);
+    let device = Default::default();
+    let forward = |m: &Mlp<B>, x: Tensor<B, 2>| m.forward(x);
+
+    let empty = Tensor::<B, 2>::zeros([0, 8], &device);
+    assert!(matches!(
+        dp.forward_with(empty, forward),
+        Err(DataParallelError::EmptyBatch { dim: 0 })
+    ));
+    assert!(matches!(
+        dp.forward_with(Shared(3), |_, _| ()),
+        Err(DataParallelError::NothingToScatter { dim: 0 })
+    ));
+    let mismatched = (
+        random::<B, 2>([4, 8], &device),
+        random::<B, 2>([5, 8], &device),
+    );
+    assert!(matches!(
+        dp.forward_with(mismatched, |m, (x, _)| m.forward(x)),
+        Err(DataParallelError::BatchSizeMismatch {
+            dim: 0,
+            expected: 4,
+            found: 5
+        })
+    ));
+    let wide = DataParallelConfig::new()
+        .with_dim(2)
+        .init(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2))
+        .unwrap();
+    assert!(matches!(
+        wide.forward_with(random::<B, 2>([4, 8], &device), forward),
+        Err(DataParallelError::DimOutOfRange { dim: 2, rank: 2 })
+    ));
+}
+
+fn output_errors<B: AutodiffBackend>() {
+    let device = Default::default();
+    let dp = model::<B>(3);
+    let input = || random::<B, 2>([7, 8], &device);
+
+    // Shards are [3, 2, 2]: a square output per shard differs outside dim 0.
+    let square = dp.forward_with(input(), |_, x| {
+        let n = x.dims()[0];
+        Tensor::<B, 2>::zeros([n, n], &x.device())
+    });
+    assert!(matches!(
+        square,
+        Err(DataParallelError::OutputShapeMismatch { replica: 1, expected, found, dim: Some(0) })
+            if expected == vec![3, 3] && found == vec![2, 2]
+    ));
+    let means = dp.forward_with(input(), |_, x| Mean(x.sum_dim(0)));
+    assert!(matches!(means, Ok(Mean(t)) if t.dims() == [1, 8]));
+    let means = dp.forward_with(input(), |_, x| {
+        let n = x.dims()[0];
+        Mean(x.sum_dim(0).repeat_dim(0, n))
+    });
+    assert!(matches!(
+        means,
+        Err(DataParallelError::OutputShapeMismatch {
+            replica: 1,
+            dim: None,
+            ..
+        })
+    ));
+    let optional = dp.forward_with(input(), |_, x| (x.dims()[0] == 3).then_some(x));
+    assert!(matches!(
+        optional,
+        Err(DataParallelError::OutputStructureMismatch { replica: 1, .. })
+    ));
+    let lists = dp.forward_with(input(), |_, x| {
+        let n = 1 + (x.dims()[0] == 3) as usize;
+        vec![x; n]
+    });
+    assert!(matches!(
+        lists,
+        Err(DataParallelError::OutputStructureMismatch { replica: 1, .. })
+    ));
+    let rank_one = DataParallelConfig::new()
+        .with_dim(1)
+        .init(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2))
+        .unwrap()
+        .forward_with(input(), |_, x| x.sum_dim(1).squeeze_dim::<1>(1));
+    assert!(matches!(
+        rank_one,
+        Err(DataParallelError::DimOutOfRange { dim: 1, rank: 1 })
+    ));
+}
+
+#[derive(Debug)]
+struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// A panicking or failing replica is reported by index and device; the next forward works.
+fn replica_failures_are_errors<B: AutodiffBackend>() {
+    let device = Default::default();
+    let dp = model::<B>(3);
+    let input = || random::<B, 2>([7, 8], &device);
+
+    // Shards are [3, 2, 2]: replicas 1 and 2 panic, the first of them is reported.
+    let panicked = dp.forward_with(input(), |m, x| {
+        assert!(x.dims()[0] == 3, "shard of {} items", x.dims()[0]);
+        m.forward(x)
+    });
+    match panicked {
+        Err(DataParallelError::ReplicaPanicked {
+            replica,
+            device,
+            message,
+        }) => {
+            assert_eq!(replica, 1);
+            assert_eq!(device, format!("{:?}", B::Device::default()));
+            assert_eq!(message, "shard of 2 items");
+        }
+        other => panic!("expected a panic error, got {other:?}"),
+    }
+
+    let failed = dp.try_forward_with(input(), |m, x| match x.dims()[0] {
+        3 => Ok(m.forward(x)),
+        _ => Err(Refused),
+    });
+    match failed {
+        Err(error @ DataParallelError::ReplicaFailed { replica: 1, .. }) => {
+            assert!(error.to_string().ends_with("failed: refused"), "{error}");
+            let source = std::error::Error::source(&error).expect("source");
+            assert_eq!(source.to_string(), "refused");
+        }
+        other => panic!("expected a failure error, got {other:?}"),
+    }
+
+    // A single shard runs on the calling thread and is caught the same way.
+    let single = dp.forward_with(random::<B, 2>([1, 8], &device), |_, _| -> Tensor<B, 2> {
+        panic!("alone")
+    });
+    assert!(matches!(
+        single,
+        Err(DataParallelError::ReplicaPanicked { replica: 0, .. })
+    ));
+
+    let output = dp.forward_with(input(), |m, x| m.forward(x)).unwrap();
+    assert_eq!(output.dims(), [7, 4]);
+}
+
+backend_tests! {
+    configuration => configuration_errors();
+    inputs => input_errors();
+    outputs => output_errors();
+    replica_failures => replica_failures_are_errors();
+}

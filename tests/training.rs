@@ -1,0 +1,178 @@
+//! Optimizer steps and checkpoints through the wrapper equal those of the bare model.
+
+#[macro_use]
+mod common;
+
+use burn::module::{AutodiffModule, Module};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use burn_dataparallel::{DataParallel, Mean};
+use common::*;
+
+fn mse<B: AutodiffBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+    (model.forward(x) - y).powi_scalar(2).mean()
+}
+
+/// A fresh model with the same parameters (and ids) as `model`, sharing nothing with it.
+fn copy_of<B: AutodiffBackend>(model: &Mlp<B>) -> Mlp<B> {
+    Mlp::new(8, 16, 4, &Default::default()).load_record(model.clone().into_record())
+}
+
+fn batches<B: AutodiffBackend>(steps: usize) -> Vec<(Tensor<B, 2>, Tensor<B, 2>)> {
+    let device = Default::default();
+    (0..steps)
+        .map(|_| (random([7, 8], &device), random([7, 4], &device)))
+        .collect()
+}
+
+/// Steps of `optim` through the wrapper leave the parameters where the same steps on the bare
+/// model leave them.
+fn optimizer_steps_match_bare<B: AutodiffBackend>(
+    mut optim_bare: impl Optimizer<Mlp<B>, B>,
+    mut optim_dp: impl Optimizer<DataParallel<B, Mlp<B>>, B>,
+) {
+    let device = Default::default();
+    let mut dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(3)).unwrap();
+    let mut bare = copy_of(dp.module());
+
+    for (x, y) in batches::<B>(3) {
+        let loss = mse(&bare, x.clone(), y.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &bare);
+        bare = optim_bare.step(0.05, bare, grads);
+
+        let Mean(loss) = dp
+            .forward_with((x, y), |m, (x, y)| Mean(mse(m, x, y)))
+            .unwrap();
+        let grads = GradientsParams::from_grads(loss.backward(), &dp);
+        dp = optim_dp.step(0.05, dp, grads);
+    }
+    for (a, e) in param_values(&dp).iter().zip(param_values(&bare).iter()) {
+        assert_close(a, e, "parameters after three steps");
+    }
+}
+
+fn sgd_steps_match_bare<B: AutodiffBackend>() {
+    let config = SgdConfig::new().with_momentum(Some(burn::optim::momentum::MomentumConfig::new()));
+    optimizer_steps_match_bare::<B>(config.init(), config.init());
+}
+
+fn adam_steps_match_bare<B: AutodiffBackend>() {
+    let config = AdamConfig::new();
+    optimizer_steps_match_bare::<B>(config.init(), config.init());
+}
+
+/// Optimizer state built through the wrapper keeps working on the unwrapped model: both see the
+/// same parameter ids.
+fn optimizer_state_carries_over_to_the_bare_model<B: AutodiffBackend>() {
+    let device = Default::default();
+    let mut dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2)).unwrap();
+    let mut bare = copy_of(dp.module());
+    let mut optim_bare = AdamConfig::new().init::<B, Mlp<B>>();
+    let mut optim_dp = AdamConfig::new().init::<B, DataParallel<B, Mlp<B>>>();
+    let data = batches::<B>(3);
+
+    for (x, y) in data.iter().cloned() {
+        let grads = GradientsParams::from_grads(mse(&bare, x, y).backward(), &bare);
+        bare = optim_bare.step(0.05, bare, grads);
+    }
+    for (x, y) in data[..2].iter().cloned() {
+        let Mean(loss) = dp
+            .forward_with((x, y), |m, (x, y)| Mean(mse(m, x, y)))
+            .unwrap();
+        let grads = GradientsParams::from_grads(loss.backward(), &dp);
+        dp = optim_dp.step(0.05, dp, grads);
+    }
+    let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
+    optim = optim.load_record(optim_dp.to_record());
+    let mut unwrapped = dp.into_inner();
+    let (x, y) = data[2].clone();
+    let grads = GradientsParams::from_grads(mse(&unwrapped, x, y).backward(), &unwrapped);
+    unwrapped = optim.step(0.05, unwrapped, grads);
+
+    for (a, e) in param_values(&unwrapped)
+        .iter()
+        .zip(param_values(&bare).iter())
+    {
+        assert_close(a, e, "parameters after the third step");
+    }
+}
+
+/// The wrapper's record is byte for byte the bare model's record.
+fn records_are_byte_identical<B: AutodiffBackend>() {
+    let device = Default::default();
+    let model = Mlp::<B>::new(8, 16, 4, &device);
+    let dp = DataParallel::new(model, devices::<B>(2)).unwrap();
+    let model = dp.module().clone();
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let through_wrapper = recorder.record(dp.into_record(), ()).unwrap();
+    let bare = recorder.record(model.into_record(), ()).unwrap();
+    assert_eq!(through_wrapper, bare);
+}
+
+/// A file saved through the wrapper loads into the bare model, and the reverse.
+fn checkpoints_round_trip<B: AutodiffBackend>() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+    let trained = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2)).unwrap();
+
+    let path = dir.path().join("through-wrapper");
+    trained.clone().save_file(&path, &recorder).unwrap();
+    let bare = Mlp::<B>::new(8, 16, 4, &device)
+        .load_file(&path, &recorder, &device)
+        .unwrap();
+    assert_eq!(param_values(&bare), param_values(&trained));
+
+    let path = dir.path().join("bare");
+    bare.clone().valid().save_file(&path, &recorder).unwrap();
+    let fresh = Mlp::<B::InnerBackend>::new(8, 16, 4, &device);
+    let wrapped = DataParallel::new(fresh, devices::<B::InnerBackend>(3))
+        .unwrap()
+        .load_file(&path, &recorder, &device)
+        .unwrap();
+    assert_eq!(param_values(&wrapped), param_values(&bare));
+}
+
+/// `valid()` gives an inference wrapper with the same parameters and settings; `train()`
+/// comes back.
+fn valid_and_train_round_trip<B: AutodiffBackend>() {
+    let device = Default::default();
+    let dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(3)).unwrap();
+    let inference = dp.valid();
+    assert_eq!(inference.replica_devices().len(), 3);
+    assert_eq!(param_values(&inference), param_values(&dp));
+    let x = random::<B::InnerBackend, 2>([5, 8], &device);
+    let y = inference.forward(x.clone()).unwrap();
+    assert_close(
+        &values(y),
+        &values(dp.module().valid().forward(x)),
+        "inference output",
+    );
+    let back: DataParallel<B, Mlp<B>> = inference.train();
+    assert_eq!(param_values(&back), param_values(&dp));
+    assert_eq!(back.num_params(), dp.module().num_params());
+}
+
+fn display_shows_the_wrapped_module<B: AutodiffBackend>() {
+    let dp = DataParallel::new(
+        Mlp::<B>::new(8, 16, 4, &Default::default()),
+        devices::<B>(2),
+    )
+    .unwrap();
+    let shown = dp.to_string();
+    assert!(shown.starts_with("DataParallel"), "{shown}");
+    assert!(shown.contains("Mlp"), "{shown}");
+    assert!(shown.contains("hidden"), "{shown}");
+}
+
+backend_tests! {
+    sgd_steps => sgd_steps_match_bare();
+    adam_steps => adam_steps_match_bare();
+    optimizer_state_carries_over => optimizer_state_carries_over_to_the_bare_model();
+    byte_identical_records => records_are_byte_identical();
+    checkpoint_round_trips => checkpoints_round_trip();
+    valid_and_train => valid_and_train_round_trip();
+    display => display_shows_the_wrapped_module();
+}
