@@ -73,6 +73,7 @@ fn round_trip<const D: usize>(
         floats.clone(),
         vec![ints.clone()],
         Some(ints.clone().greater_elem(3)),
+        [floats.clone(), floats.clone().neg()],
     );
 
     let batch = input.batch_size(dim).unwrap().unwrap();
@@ -83,7 +84,10 @@ fn round_trip<const D: usize>(
     for (part, &size) in parts.iter().zip(shards.sizes()) {
         prop_assert_eq!(part.0.dims()[dim], size);
     }
-    let (floats_back, ints_back, bools_back) = Gather::gather(parts, &shards).unwrap();
+    let (floats_back, ints_back, bools_back, pair_back) = Gather::gather(parts, &shards).unwrap();
+    let [first, second] = pair_back;
+    prop_assert_eq!(first.into_data(), floats.clone().into_data());
+    prop_assert_eq!(second.into_data(), floats.clone().neg().into_data());
     prop_assert_eq!(floats_back.into_data(), floats.into_data());
     prop_assert_eq!(ints_back[0].clone().into_data(), ints.clone().into_data());
     prop_assert_eq!(

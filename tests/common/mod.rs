@@ -38,12 +38,18 @@ macro_rules! backend_tests {
         #[cfg(feature = "cuda")]
         mod cuda_fusion {
             use super::*;
-            $(#[test] fn $name() { $body::<$crate::common::CudaAd>($($arg),*) })*
+            $(#[test] fn $name() {
+                $crate::common::set_tolerance($crate::common::TF32_TOLERANCE);
+                $body::<$crate::common::CudaAd>($($arg),*)
+            })*
         }
         #[cfg(feature = "cuda")]
         mod cuda_cube {
             use super::*;
-            $(#[test] fn $name() { $body::<$crate::common::CubeAd>($($arg),*) })*
+            $(#[test] fn $name() {
+                $crate::common::set_tolerance($crate::common::TF32_TOLERANCE);
+                $body::<$crate::common::CubeAd>($($arg),*)
+            })*
         }
     };
 }
@@ -183,23 +189,39 @@ fn max_difference(actual: &[f32], expected: &[f32]) -> f32 {
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
 }
 
-/// Relative tolerance for comparisons with a single-device run in f32.
-pub const TOLERANCE: f32 = 1e-5;
+/// Relative tolerance for comparisons with a single-device run in f32 on the CPU.
+pub const CPU_TOLERANCE: f32 = 1e-5;
 
-/// Absolute slack on top of [`TOLERANCE`]: sums over the batch are added in another order when
-/// split over replicas (and that order varies between runs), and sums whose terms cancel (a
-/// convolution bias gradient over 216 positions) then differ by about 1e-6 while their result
-/// is small. A missing or doubled replica contribution differs by orders of magnitude more.
-pub const ROUNDING: f32 = 1e-6;
+/// Relative tolerance on CUDA. CubeCL's tensor-core matmuls read f32 inputs as TF32 (10-bit
+/// mantissa, unit roundoff 4.9e-4; `cubek-matmul-0.2.0/src/definition/blueprint.rs`), and
+/// autotune picks a kernel per shape, so a shard and the whole batch can go through different
+/// precisions. Measured on an H200: up to 9e-4 after three Adam steps.
+pub const TF32_TOLERANCE: f32 = 2e-3;
 
-/// Asserts `|actual - expected| <= TOLERANCE * max|expected| + ROUNDING` elementwise.
+thread_local! {
+    static TOLERANCE: std::cell::Cell<f32> = const { std::cell::Cell::new(CPU_TOLERANCE) };
+}
+
+/// Sets the relative tolerance of [`assert_close`] for the current test thread.
+pub fn set_tolerance(tolerance: f32) {
+    TOLERANCE.with(|t| t.set(tolerance));
+}
+
+/// Asserts `|actual - expected| <= tol * max|expected| + tol / 10` elementwise.
+///
+/// The absolute part covers float rounding of sums whose terms cancel: the reduction order over
+/// the batch differs between replicas and the single-device run (and varies between runs), and
+/// a convolution bias gradient over 216 positions then differs by about 1e-6 on the CPU while
+/// its result is small. A missing or doubled replica contribution differs by orders of
+/// magnitude more.
 pub fn assert_close(actual: &[f32], expected: &[f32], what: &str) {
     assert_eq!(actual.len(), expected.len(), "{what}: lengths differ");
+    let tolerance = TOLERANCE.with(|t| t.get());
     let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));
     let difference = max_difference(actual, expected);
     assert!(
-        difference <= TOLERANCE * scale + ROUNDING,
-        "{what}: difference {difference:e} > {TOLERANCE:e} * {scale:e} + {ROUNDING:e} \
+        difference <= tolerance * (scale + 0.1),
+        "{what}: difference {difference:e} > {tolerance:e} * ({scale:e} + 0.1) \
          (relative error {:e})\nactual:   {actual:?}\nexpected: {expected:?}",
         relative_error(actual, expected)
     );

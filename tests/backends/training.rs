@@ -1,15 +1,12 @@
 //! Optimizer steps and checkpoints through the wrapper equal those of the bare model.
 
-#[macro_use]
-mod common;
-
+use crate::common::*;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::{DataParallel, Mean};
-use common::*;
 
 fn mse<B: AutodiffBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
     (model.forward(x) - y).powi_scalar(2).mean()

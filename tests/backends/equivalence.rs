@@ -1,15 +1,12 @@
 //! Outputs and gradients through `DataParallel` equal a single-device run on the whole batch.
 
-#[macro_use]
-mod common;
-
+use crate::common::*;
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
 use burn_dataparallel::{
     DataParallel, DataParallelConfig, Gather, Mean, Scatter, Shared, Sum, impl_gather, impl_scatter,
 };
-use common::*;
 
 fn mlp_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
     let device = Default::default();

@@ -1,14 +1,11 @@
 //! Batch-norm running statistics after training through the wrapper: the average over
 //! replicas of what each replica's shard alone would give.
 
-#[macro_use]
-mod common;
-
+use crate::common::*;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::DataParallel;
-use common::*;
 
 /// Running (mean, var) a fresh copy of `model` would hold after one training forward on each
 /// shard alone, averaged over shards.

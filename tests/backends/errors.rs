@@ -1,12 +1,9 @@
 //! Every way a user can misuse the wrapper gives a typed error, and the wrapper stays usable.
 
-#[macro_use]
-mod common;
-
+use crate::common::*;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError, Mean, Shared};
-use common::*;
 
 fn model<B: AutodiffBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
     DataParallel::new(

@@ -1,0 +1,13 @@
+//! Tests written once, generic over the backend, run on the CPU backend and, with the `cuda`
+//! feature, on CUDA with and without fusion (`backend_tests!` in `common`).
+//!
+//! One test binary for all of them, so that a CUDA build ships as one executable.
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod batch_norm;
+mod equivalence;
+mod errors;
+mod training;
