@@ -108,11 +108,9 @@ fn time_steps<B: AutodiffBackend>(
             mark(&mut marks, true);
             bare = optim_bare.step(0.01, bare, grads);
         } else {
-            let Mean(loss) = dp
-                .forward_with((x.clone(), y.clone()), |m, (x, y)| {
-                    Mean(loss_fn.forward(m.forward(x), y))
-                })
-                .expect("forward");
+            let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
+                Mean(loss_fn.forward(m.forward(x), y))
+            });
             mark(&mut marks, false);
             mark(&mut marks, true);
             let grads = GradientsParams::from_grads(loss.backward(), &dp);

@@ -72,11 +72,9 @@ fn train<B: AutodiffBackend>(device: B::Device, replicas: usize) {
                 points.clone().slice(range.clone()),
                 labels.clone().slice(range),
             );
-            let Mean(loss) = model
-                .forward_with(input, |model, (x, y)| {
-                    Mean(loss_fn.forward(model.forward(x), y))
-                })
-                .expect("forward");
+            let Mean(loss) = model.forward_with(input, |model, (x, y)| {
+                Mean(loss_fn.forward(model.forward(x), y))
+            });
             total += loss.clone().into_scalar().elem::<f64>();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-2, model, grads);
@@ -87,11 +85,9 @@ fn train<B: AutodiffBackend>(device: B::Device, replicas: usize) {
         println!("epoch {epoch}: mean loss {:.4}", total / batches as f64);
     }
 
-    let predictions = model
-        .forward_with(points.clone(), |model, x| {
-            model.forward(x).argmax(1).squeeze_dim(1)
-        })
-        .expect("forward");
+    let predictions = model.forward_with(points.clone(), |model, x| {
+        model.forward(x).argmax(1).squeeze_dim(1)
+    });
     let correct = predictions
         .equal(labels)
         .int()

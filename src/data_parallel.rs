@@ -36,7 +36,7 @@ use crate::{BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Sh
 /// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
 ///
 /// let input = Tensor::<B, 2>::ones([5, 8], &device);
-/// let output = dp.forward_with(input, |model, shard| model.forward(shard)).unwrap();
+/// let output = dp.forward_with(input, |model, shard| model.forward(shard));
 /// assert_eq!(output.dims(), [5, 2]);
 /// output.sum().backward();
 /// ```
@@ -207,19 +207,38 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
 
     /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
     ///
+    /// A drop-in for the bare model's forward in a training loop; use
+    /// [`try_forward`](Self::try_forward) to handle failures as values.
+    ///
     /// # Shapes
     ///
     /// Those of `M::forward`, with the batch dimension [`dim`](Self::dim) of the input split
     /// and that of the output concatenated.
     ///
-    /// # Errors
+    /// # Panics
     ///
-    /// Those of [`forward_with`](Self::forward_with).
-    pub fn forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
+    /// With the [`DataParallelError`]'s message where [`try_forward`](Self::try_forward)
+    /// returns it, and as the bare model's forward would on misuse.
+    pub fn forward(&self, input: M::Input) -> M::Output
     where
         M: Forward<B>,
     {
-        self.forward_with(input, |replica, shard| Forward::forward(replica, shard))
+        self.try_forward(input)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Like [`forward`](Self::forward), returning failures as values.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`try_forward_with`](Self::try_forward_with).
+    pub fn try_forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
+    where
+        M: Forward<B>,
+    {
+        self.try_forward_with(input, |replica, shard| {
+            Ok::<_, std::convert::Infallible>(Forward::forward(replica, shard))
+        })
     }
 
     /// Runs `forward(replica, shard)` for every shard of `input` and gathers the outputs.
@@ -233,12 +252,11 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
     /// that of the output concatenated.
     ///
-    /// # Errors
+    /// # Panics
     ///
-    /// Those of [`shards`](Self::shards) for a bad input,
-    /// [`DataParallelError::ReplicaPanicked`] when a replica panics, and those of
-    /// [`Gather::gather`] when the outputs disagree. The wrapper stays usable after an error.
-    pub fn forward_with<I, O, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
+    /// With the [`DataParallelError`]'s message where
+    /// [`try_forward_with`](Self::try_forward_with) returns it.
+    pub fn forward_with<I, O, F>(&self, input: I, forward: F) -> O
     where
         I: Scatter<B> + Send,
         O: Gather<B> + Send,
@@ -247,14 +265,26 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.try_forward_with(input, |replica, shard| {
             Ok::<_, std::convert::Infallible>(forward(replica, shard))
         })
+        .unwrap_or_else(|error| panic!("{error}"))
     }
 
-    /// Like [`forward_with`](Self::forward_with), for a forward that can fail.
+    /// Runs a forward that can fail, `forward(replica, shard)`, for every shard of `input` and
+    /// gathers the outputs; failures come back as values.
+    ///
+    /// For a forward that cannot fail, return `Ok::<_, Infallible>(output)`.
+    ///
+    /// # Shapes
+    ///
+    /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
+    /// that of the output concatenated.
     ///
     /// # Errors
     ///
-    /// Those of [`forward_with`](Self::forward_with), and
-    /// [`DataParallelError::ReplicaFailed`] with the error of the first replica that failed.
+    /// Those of [`shards`](Self::shards) for a bad input;
+    /// [`DataParallelError::ReplicaPanicked`] when a replica panics and
+    /// [`DataParallelError::ReplicaFailed`] when one returns an error (the first replica that
+    /// failed, by position); those of [`Gather::gather`] when the outputs disagree. The wrapper
+    /// stays usable after an error.
     pub fn try_forward_with<I, O, E, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
     where
         I: Scatter<B> + Send,

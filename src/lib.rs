@@ -64,11 +64,9 @@
 //!
 //! let inputs = Tensor::<B, 2>::ones([10, 16], &device);
 //! let targets = Tensor::<B, 2>::zeros([10, 1], &device);
-//! let Mean(loss) = model
-//!     .forward_with((inputs, targets), |model, (x, y)| {
-//!         Mean((model.forward(x) - y).powi_scalar(2).mean())
-//!     })
-//!     .unwrap();
+//! let Mean(loss) = model.forward_with((inputs, targets), |model, (x, y)| {
+//!     Mean((model.forward(x) - y).powi_scalar(2).mean())
+//! });
 //! let grads = GradientsParams::from_grads(loss.backward(), &model);
 //! model = optim.step(0.1, model, grads);
 //! ```
@@ -84,6 +82,8 @@ mod parallel_apply;
 mod replicate;
 mod scatter;
 mod shards;
+#[cfg(feature = "train")]
+mod train;
 
 pub use config::DataParallelConfig;
 pub use data_parallel::{DataParallel, Forward};
@@ -92,6 +92,8 @@ pub use gather::{Gather, Mean, Sum};
 pub use replicate::replicate;
 pub use scatter::{Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
+#[cfg(feature = "train")]
+pub use train::StepOutput;
 
 #[doc(hidden)]
 pub mod __private {

@@ -1,9 +1,12 @@
 //! Every way a user can misuse the wrapper gives a typed error, and the wrapper stays usable.
 
 use crate::common::*;
+use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError, Mean, Shared};
+use burn_dataparallel::{
+    DataParallel, DataParallelConfig, DataParallelError, Gather, Mean, Scatter, Shared,
+};
 
 fn model<B: AutodiffBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
     DataParallel::new(
@@ -11,6 +14,23 @@ fn model<B: AutodiffBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
         devices::<B>(replicas),
     )
     .unwrap()
+}
+
+/// `try_forward_with` for a forward that cannot fail.
+fn attempt<B, M, I, O>(
+    dp: &DataParallel<B, M>,
+    input: I,
+    forward: impl Fn(&M, I) -> O + Sync,
+) -> Result<O, DataParallelError>
+where
+    B: AutodiffBackend,
+    M: Module<B>,
+    I: Scatter<B> + Send,
+    O: Gather<B> + Send,
+{
+    dp.try_forward_with(input, |m, x| {
+        Ok::<_, std::convert::Infallible>(forward(m, x))
+    })
 }
 
 fn configuration_errors<B: AutodiffBackend>() {
@@ -49,11 +69,29 @@ fn input_errors<B: AutodiffBackend>() {
 
     let empty = Tensor::<B, 2>::zeros([0, 8], &device);
     assert!(matches!(
-        dp.forward_with(empty, forward),
+        dp.try_forward(empty.clone()),
+        Err(DataParallelError::EmptyBatch { dim: 0 })
+    ));
+    // The infallible forms panic with the error's message.
+    let message =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dp.forward(empty.clone())))
+            .expect_err("an empty batch panics")
+            .downcast::<String>()
+            .expect("a formatted message");
+    assert_eq!(*message, "the input batch is empty along dim 0");
+    let message = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dp.forward_with(empty.clone(), |m, x| m.forward(x))
+    }))
+    .expect_err("an empty batch panics")
+    .downcast::<String>()
+    .expect("a formatted message");
+    assert_eq!(*message, "the input batch is empty along dim 0");
+    assert!(matches!(
+        attempt(&dp, empty, forward),
         Err(DataParallelError::EmptyBatch { dim: 0 })
     ));
     assert!(matches!(
-        dp.forward_with(Shared(3), |_, _| ()),
+        attempt(&dp, Shared(3), |_, _| ()),
         Err(DataParallelError::NothingToScatter { dim: 0 })
     ));
     let mismatched = (
@@ -61,7 +99,7 @@ fn input_errors<B: AutodiffBackend>() {
         random::<B, 2>([5, 8], &device),
     );
     assert!(matches!(
-        dp.forward_with(mismatched, |m, (x, _)| m.forward(x)),
+        attempt(&dp, mismatched, |m, (x, _)| m.forward(x)),
         Err(DataParallelError::BatchSizeMismatch {
             dim: 0,
             expected: 4,
@@ -73,7 +111,7 @@ fn input_errors<B: AutodiffBackend>() {
         .init(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2))
         .unwrap();
     assert!(matches!(
-        wide.forward_with(random::<B, 2>([4, 8], &device), forward),
+        attempt(&wide, random::<B, 2>([4, 8], &device), forward),
         Err(DataParallelError::DimOutOfRange { dim: 2, rank: 2 })
     ));
 }
@@ -84,7 +122,7 @@ fn output_errors<B: AutodiffBackend>() {
     let input = || random::<B, 2>([7, 8], &device);
 
     // Shards are [3, 2, 2]: a square output per shard differs outside dim 0.
-    let square = dp.forward_with(input(), |_, x| {
+    let square = attempt(&dp, input(), |_, x| {
         let n = x.dims()[0];
         Tensor::<B, 2>::zeros([n, n], &x.device())
     });
@@ -93,9 +131,9 @@ fn output_errors<B: AutodiffBackend>() {
         Err(DataParallelError::OutputShapeMismatch { replica: 1, expected, found, dim: Some(0) })
             if expected == vec![3, 3] && found == vec![2, 2]
     ));
-    let means = dp.forward_with(input(), |_, x| Mean(x.sum_dim(0)));
+    let means = attempt(&dp, input(), |_, x| Mean(x.sum_dim(0)));
     assert!(matches!(means, Ok(Mean(t)) if t.dims() == [1, 8]));
-    let means = dp.forward_with(input(), |_, x| {
+    let means = attempt(&dp, input(), |_, x| {
         let n = x.dims()[0];
         Mean(x.sum_dim(0).repeat_dim(0, n))
     });
@@ -107,12 +145,12 @@ fn output_errors<B: AutodiffBackend>() {
             ..
         })
     ));
-    let optional = dp.forward_with(input(), |_, x| (x.dims()[0] == 3).then_some(x));
+    let optional = attempt(&dp, input(), |_, x| (x.dims()[0] == 3).then_some(x));
     assert!(matches!(
         optional,
         Err(DataParallelError::OutputStructureMismatch { replica: 1, .. })
     ));
-    let lists = dp.forward_with(input(), |_, x| {
+    let lists = attempt(&dp, input(), |_, x| {
         let n = 1 + (x.dims()[0] == 3) as usize;
         vec![x; n]
     });
@@ -120,11 +158,13 @@ fn output_errors<B: AutodiffBackend>() {
         lists,
         Err(DataParallelError::OutputStructureMismatch { replica: 1, .. })
     ));
-    let rank_one = DataParallelConfig::new()
+    let by_columns = DataParallelConfig::new()
         .with_dim(1)
         .init(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2))
-        .unwrap()
-        .forward_with(input(), |_, x| x.sum_dim(1).squeeze_dim::<1>(1));
+        .unwrap();
+    let rank_one = attempt(&by_columns, input(), |_, x| {
+        x.sum_dim(1).squeeze_dim::<1>(1)
+    });
     assert!(matches!(
         rank_one,
         Err(DataParallelError::DimOutOfRange { dim: 1, rank: 1 })
@@ -149,7 +189,7 @@ fn replica_failures_are_errors<B: AutodiffBackend>() {
     let input = || random::<B, 2>([7, 8], &device);
 
     // Shards are [3, 2, 2]: replicas 1 and 2 panic, the first of them is reported.
-    let panicked = dp.forward_with(input(), |m, x| {
+    let panicked = attempt(&dp, input(), |m, x| {
         assert!(x.dims()[0] == 3, "shard of {} items", x.dims()[0]);
         m.forward(x)
     });
@@ -180,15 +220,17 @@ fn replica_failures_are_errors<B: AutodiffBackend>() {
     }
 
     // A single shard runs on the calling thread and is caught the same way.
-    let single = dp.forward_with(random::<B, 2>([1, 8], &device), |_, _| -> Tensor<B, 2> {
-        panic!("alone")
-    });
+    let single = attempt(
+        &dp,
+        random::<B, 2>([1, 8], &device),
+        |_, _| -> Tensor<B, 2> { panic!("alone") },
+    );
     assert!(matches!(
         single,
         Err(DataParallelError::ReplicaPanicked { replica: 0, .. })
     ));
 
-    let output = dp.forward_with(input(), |m, x| m.forward(x)).unwrap();
+    let output = attempt(&dp, input(), |m, x| m.forward(x)).unwrap();
     assert_eq!(output.dims(), [7, 4]);
 }
 

@@ -10,4 +10,6 @@ mod common;
 mod batch_norm;
 mod equivalence;
 mod errors;
+#[cfg(feature = "train")]
+mod learner;
 mod training;

@@ -14,6 +14,9 @@ use burn_dataparallel::{DataParallel, Forward, Scatter};
 /// The CPU backend every test runs on.
 pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
 
+/// The second CPU backend every test runs on.
+pub type NdArrayAd = burn::backend::Autodiff<burn::backend::NdArray>;
+
 /// The default CUDA backend (fusion on top of CubeCL).
 #[cfg(feature = "cuda")]
 pub type CudaAd = burn::backend::Autodiff<burn::backend::Cuda>;
@@ -23,17 +26,22 @@ pub type CudaAd = burn::backend::Autodiff<burn::backend::Cuda>;
 pub type CubeAd =
     burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
-/// Instantiates generic test bodies for every backend: the CPU backend always, the CUDA
+/// Instantiates generic test bodies for every backend: the two CPU backends always, the CUDA
 /// backends with the `cuda` feature.
 ///
-/// `backend_tests! { name => body(args); }` defines `flex::name`, `cuda_fusion::name` and
-/// `cuda_cube::name`, each calling `body::<Backend>(args)`.
+/// `backend_tests! { name => body(args); }` defines `flex::name`, `ndarray::name`,
+/// `cuda_fusion::name` and `cuda_cube::name`, each calling `body::<Backend>(args)`. Attributes
+/// written before `name` apply to the Flex variant only.
 #[macro_export]
 macro_rules! backend_tests {
-    ($($name:ident => $body:ident ( $($arg:expr),* );)*) => {
+    ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* );)*) => {
         mod flex {
             use super::*;
-            $(#[test] fn $name() { $body::<$crate::common::FlexAd>($($arg),*) })*
+            $(#[test] $(#[$flex])* fn $name() { $body::<$crate::common::FlexAd>($($arg),*) })*
+        }
+        mod ndarray {
+            use super::*;
+            $(#[test] fn $name() { $body::<$crate::common::NdArrayAd>($($arg),*) })*
         }
         #[cfg(feature = "cuda")]
         mod cuda_fusion {
@@ -291,7 +299,7 @@ pub fn assert_matches_bare<B, M, I, const D: usize>(
     I: Scatter<B> + Send + Clone,
 {
     let expected = forward(bare, input.clone());
-    let actual = dp.forward_with(input, &forward).expect("forward");
+    let actual = dp.forward_with(input, &forward);
     assert_eq!(actual.dims(), expected.dims(), "output shape");
     assert_close(&values(actual.clone()), &values(expected.clone()), "output");
 

@@ -1,0 +1,202 @@
+//! The wrapper trains through burn-train's `Learner` exactly like the bare model.
+
+use burn::data::dataloader::{DataLoaderBuilder, batcher::Batcher};
+use burn::data::dataset::InMemDataset;
+use burn::module::Module;
+use burn::optim::AdamConfig;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use burn::train::metric::{AccuracyMetric, LossMetric};
+use burn::train::renderer::{
+    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining, ProgressType, TrainingProgress,
+};
+use burn::train::{
+    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
+};
+use burn_dataparallel::{DataParallel, Forward, impl_scatter};
+
+use crate::common::*;
+
+#[derive(Debug, Clone)]
+pub struct ImageBatch<B: Backend> {
+    pub images: Tensor<B, 4>,
+    pub targets: Tensor<B, 1, Int>,
+}
+impl_scatter!(ImageBatch<B> { images, targets });
+
+impl<B: Backend> ConvNet<B> {
+    /// The classification forward the bare model's `TrainStep` and `InferenceStep` use.
+    pub fn classify(&self, batch: ImageBatch<B>) -> ClassificationOutput<B> {
+        let output = self.forward(batch.images);
+        let loss = burn::nn::loss::CrossEntropyLossConfig::new()
+            .init(&output.device())
+            .forward(output.clone(), batch.targets.clone());
+        ClassificationOutput::new(loss, output, batch.targets)
+    }
+}
+
+/// What a user of the bare model already has.
+impl<B: AutodiffBackend> TrainStep for ConvNet<B> {
+    type Input = ImageBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: ImageBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.classify(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: Backend> InferenceStep for ConvNet<B> {
+    type Input = ImageBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: ImageBatch<B>) -> ClassificationOutput<B> {
+        self.classify(batch)
+    }
+}
+
+/// The one addition for the wrapper: which forward its replicas run.
+impl<B: Backend> Forward<B> for ConvNet<B> {
+    type Input = ImageBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn forward(&self, batch: ImageBatch<B>) -> ClassificationOutput<B> {
+        self.classify(batch)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Item {
+    image: Vec<f32>,
+    label: i64,
+}
+
+/// `count` 3x6x6 images: a bright 2x2 block whose position gives the label, plus noise from a
+/// fixed linear congruential sequence.
+pub fn items(count: usize, seed: u64) -> Vec<Item> {
+    let mut state = seed;
+    let mut noise = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    (0..count)
+        .map(|i| {
+            let label = (i % 3) as i64;
+            let image = (0..108)
+                .map(|p| {
+                    let (y, x) = ((p % 36) / 6, p % 6);
+                    let lit = y / 2 == label as usize && x / 2 == label as usize;
+                    noise() * 0.5 + if lit { 1.0 } else { 0.0 }
+                })
+                .collect();
+            Item { image, label }
+        })
+        .collect()
+}
+
+#[derive(Clone)]
+pub struct ImageBatcher;
+
+impl<B: Backend> Batcher<B, Item, ImageBatch<B>> for ImageBatcher {
+    fn batch(&self, items: Vec<Item>, device: &B::Device) -> ImageBatch<B> {
+        let n = items.len();
+        let images: Vec<f32> = items.iter().flat_map(|i| i.image.clone()).collect();
+        let targets: Vec<i64> = items.iter().map(|i| i.label).collect();
+        ImageBatch {
+            images: Tensor::from_data(TensorData::new(images, [n, 3, 6, 6]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [n]), device),
+        }
+    }
+}
+
+/// A renderer that shows nothing.
+pub struct Silent;
+
+impl MetricsRendererTraining for Silent {
+    fn update_train(&mut self, _state: MetricState) {}
+    fn update_valid(&mut self, _state: MetricState) {}
+    fn render_train(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
+    fn render_valid(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
+}
+
+impl MetricsRendererEvaluation for Silent {
+    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+    fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
+}
+
+impl MetricsRenderer for Silent {
+    fn manual_close(&mut self) {}
+    fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
+}
+
+/// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
+/// leave the parameters where the same training of the bare model leaves them.
+fn learner_matches_bare<B: AutodiffBackend>() {
+    let device = B::Device::default();
+    let loaders = || {
+        let train = DataLoaderBuilder::new(ImageBatcher)
+            .batch_size(10)
+            .set_device(device.clone())
+            .build(InMemDataset::new(items(40, 1)));
+        let valid = DataLoaderBuilder::new(ImageBatcher)
+            .batch_size(7)
+            .set_device(device.clone())
+            .build(InMemDataset::new(items(14, 2)));
+        (train, valid)
+    };
+    let dir = tempfile::tempdir().unwrap();
+
+    let dp = DataParallel::new(ConvNet::<B>::new(&device), devices::<B>(3)).unwrap();
+    let bare = ConvNet::<B>::new(&device).load_record(dp.module().clone().into_record());
+    let before = param_values(dp.module());
+
+    let (train, valid) = loaders();
+    let trained_bare = SupervisedTraining::new(dir.path().join("bare"), train, valid)
+        .metric_train_numeric(LossMetric::new())
+        .metric_valid_numeric(AccuracyMetric::new())
+        .with_application_logger(None)
+        .renderer(Silent)
+        .num_epochs(2)
+        .launch(Learner::new(bare, AdamConfig::new().init(), 1e-2))
+        .model;
+
+    let (train, valid) = loaders();
+    let trained_dp = SupervisedTraining::new(dir.path().join("wrapped"), train, valid)
+        .metric_train_numeric(LossMetric::new())
+        .metric_valid_numeric(AccuracyMetric::new())
+        .with_application_logger(None)
+        .renderer(Silent)
+        .num_epochs(2)
+        .launch(Learner::new(dp, AdamConfig::new().init(), 1e-2))
+        .model;
+
+    assert_eq!(trained_dp.replica_devices().len(), 3);
+    let after = param_values(&trained_dp);
+    assert_ne!(before, after, "training changed the parameters");
+    for (a, e) in after.iter().zip(param_values(&trained_bare).iter()) {
+        assert_close(a, e, "parameters after two epochs");
+    }
+
+    // Validation through the wrapper gives the bare model's outputs.
+    let batch = ImageBatcher.batch(items(9, 3), &device);
+    let expected = InferenceStep::step(&trained_bare, batch.clone());
+    let actual = InferenceStep::step(&trained_dp, batch);
+    assert_close(
+        &values(actual.output),
+        &values(expected.output),
+        "validation logits",
+    );
+    assert_close(
+        &values(actual.loss),
+        &values(expected.loss),
+        "validation loss",
+    );
+    assert_eq!(actual.targets.into_data(), expected.targets.into_data());
+}
+
+backend_tests! {
+    learner_two_epochs => learner_matches_bare();
+}
