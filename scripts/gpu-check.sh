@@ -26,7 +26,7 @@ build() {
     json=$(mktemp)
     cargo test --release --features cuda --test backends --no-run --message-format=json >"$json"
     cargo bench --features cuda --bench step_time --no-run --message-format=json >>"$json"
-    cargo build --release --features cuda --example train_mlp --message-format=json >>"$json"
+    cargo build --release --features cuda --example learner_cnn --message-format=json >>"$json"
     python3 - "$json" "$BUNDLE" <<'PY'
 import json, shutil, sys
 out = sys.argv[2]
@@ -40,7 +40,7 @@ for line in open(sys.argv[1]):
         print(f"{out}/{name}")
 PY
     rm -f "$json"
-    for bin in backends step_time train_mlp; do
+    for bin in backends step_time learner_cnn; do
         strip "$BUNDLE/$bin"
         xz -T0 -6 -f "$BUNDLE/$bin"
     done
@@ -65,7 +65,7 @@ run() {
     if [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
         tar xzf "$BUNDLE/cubecl-cache.tar.gz" -C "$work"
     fi
-    for bin in backends step_time train_mlp; do
+    for bin in backends step_time learner_cnn; do
         xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
         chmod +x "$work/$bin"
     done
@@ -88,13 +88,13 @@ run() {
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
     fi
     if [ "$what" != tests ]; then
-        [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./train_mlp 4
+        [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of backend names
         step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
     fi
 
     (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" --exclude=backends --exclude=step_time \
-        --exclude=train_mlp --exclude=cubecl.toml .)
+        --exclude=learner_cnn --exclude=cubecl.toml .)
     echo
     for name in tests-cuda-fusion tests-cuda-cube; do
         [ -f "$logs/$name.log" ] || continue

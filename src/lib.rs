@@ -70,6 +70,54 @@
 //! let grads = GradientsParams::from_grads(loss.backward(), &model);
 //! model = optim.step(0.1, model, grads);
 //! ```
+//!
+#![cfg_attr(feature = "train", doc = include_str!("docs/learner.md"))]
+//!
+//! # Coming from `torch.nn.DataParallel`
+//!
+//! | PyTorch | here |
+//! |---|---|
+//! | `DataParallel(module, device_ids, output_device, dim)` | [`DataParallel::new`]`(module, devices)` or [`DataParallelConfig`] (`dim`, `output_device` as an index, `shard_weights`) |
+//! | `dp(x)` | [`dp.forward(x)`](DataParallel::forward) for a [`Forward`] model, or [`dp.forward_with(x, \|m, x\| ...)`](DataParallel::forward_with) |
+//! | exceptions from replicas | [`try_forward`](DataParallel::try_forward) / [`try_forward_with`](DataParallel::try_forward_with) return a [`DataParallelError`] |
+//! | `dp.module` | [`dp.module()`](DataParallel::module), [`dp.into_inner()`](DataParallel::into_inner) |
+//! | `dp.state_dict()` | `dp.into_record()` — the same record as the bare model's |
+//!
+//! The classic pitfalls, and what happens here:
+//!
+//! | pitfall | `torch.nn.DataParallel` | this crate |
+//! |---|---|---|
+//! | checkpoint prefix | keys saved through the wrapper start with `module.` and do not load into the bare model | the record is the bare model's record, byte for byte, both ways |
+//! | batch-norm statistics | only replica 0's running statistics survive a forward | every replica's update is kept, averaged (see Semantics) |
+//! | uneven or tiny batches | `chunk` gives ceiling-sized shards (7 over 3: 3, 3, 1); scalar losses are then averaged with equal weights | even shards (3, 2, 2); [`Mean`] weights each replica by its shard size; a batch of one runs on one device; an empty batch is an error |
+//! | scalar outputs | 0-dim losses are gathered into a vector, with a warning, to be `.mean()`ed by hand | [`Mean`] / [`Sum`] say how a per-replica value combines; a plain tensor is always concatenated |
+//! | imbalanced memory on the first GPU | outputs, loss and gradients land on `device_ids[0]`, which runs out first | [shard weights](DataParallelConfig::shard_weights) give the output device a smaller share; `output_device` can be any listed device |
+//! | attributes hidden behind the wrapper | `dp.module.attr` | `dp.module().attr`; the wrapper does not `Deref` to the model, so a model method cannot silently run on one device |
+//! | replica failure | exception re-raised from a thread, other replicas keep running | typed error naming the replica and device after all workers finished; the wrapper stays usable |
+//! | GIL-bound threads | one Python thread per replica per forward | one persistent OS thread per device, reused by every forward |
+//!
+//! # Outgrowing one machine
+//!
+//! `DataParallel` runs in one process and gathers on one device; past a handful of GPUs, or
+//! across machines, the gather and the single backward become the bottleneck, as they do for
+//! PyTorch's `DataParallel`. Burn's own distributed data parallel strategy (burn-train with
+//! the `ddp` feature, through burn's `distributed` feature on a backend with collectives such
+//! as CUDA with NCCL) keeps a full replica per device, each with its own batches, and
+//! all-reduces the gradients after every backward. Moving there changes little:
+//!
+//! - hand the bare model to `Learner::new` (`dp.into_inner()`, or the model before wrapping):
+//!   its `TrainStep` and `InferenceStep` are the ones DDP uses; the [`Forward`] impl and the
+//!   [`impl_scatter!`] line are no longer needed;
+//! - add `.with_training_strategy(ExecutionStrategy::ddp(devices, DistributedConfig {
+//!   all_reduce_op: ReduceOperation::Mean }).into())` to `SupervisedTraining`;
+//! - the batch size becomes per device: DDP gives each device its own batches, where
+//!   `DataParallel` split one batch, so divide the loader's batch size by the device count to
+//!   keep the same global batch (or scale the learning rate);
+//! - checkpoints need no conversion: a record saved through `DataParallel` is the bare model's
+//!   record;
+//! - across machines, start the same program on every node with matching collective settings;
+//!   the first device of the first node validates and reports.
+//!
 
 mod config;
 mod data_parallel;

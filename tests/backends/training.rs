@@ -2,10 +2,11 @@
 
 use crate::common::*;
 use burn::module::{AutodiffModule, Module};
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, Mean};
 
 fn mse<B: AutodiffBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
@@ -160,7 +161,45 @@ fn display_shows_the_wrapped_module<B: AutodiffBackend>() {
     assert!(shown.contains("hidden"), "{shown}");
 }
 
+/// The custom training loop of Burn's book, written once and expanded for the bare model and
+/// for the wrapper: swapping the model is the only change.
+macro_rules! book_training_loop {
+    ($model:ident, $optim:ident, $batches:expr) => {
+        for (inputs, targets) in $batches {
+            let output = $model.forward(inputs);
+            let loss = CrossEntropyLossConfig::new()
+                .init(&output.device())
+                .forward(output.clone(), targets);
+            let grads = loss.backward();
+            let grads = GradientsParams::from_grads(grads, &$model);
+            $model = $optim.step(0.05, $model, grads);
+        }
+    };
+}
+
+fn book_loop_is_unchanged<B: AutodiffBackend>() {
+    let device = Default::default();
+    let batches = (0..3).map(|_| {
+        let inputs = random::<B, 2>([9, 8], &device);
+        let targets = Tensor::<B, 1, Int>::random([9], Distribution::Uniform(0.0, 4.0), &device);
+        (inputs, targets)
+    });
+    let batches: Vec<_> = batches.collect();
+
+    let mut model = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(3)).unwrap();
+    let mut bare = copy_of(model.module());
+    let mut optim = SgdConfig::new().init();
+    book_training_loop!(model, optim, batches.clone());
+    let mut optim = SgdConfig::new().init();
+    book_training_loop!(bare, optim, batches);
+
+    for (a, e) in param_values(&model).iter().zip(param_values(&bare).iter()) {
+        assert_close(a, e, "parameters after the book's loop");
+    }
+}
+
 backend_tests! {
+    book_loop => book_loop_is_unchanged();
     sgd_steps => sgd_steps_match_bare();
     adam_steps => adam_steps_match_bare();
     optimizer_state_carries_over => optimizer_state_carries_over_to_the_bare_model();
