@@ -10,7 +10,7 @@
 #
 # Each check has a time limit (TESTS_LIMIT, BENCH_LIMIT seconds) so that a call ends in time
 # to bring its logs back. BENCH_ARGS picks the bench's backends (fusion, cube, cpu);
-# SKIP_EXAMPLE=1 skips the example.
+# SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench.
 #
 # gpu-bundle/ holds the binaries, a cubecl.toml that keeps CubeCL's compilation and autotune
 # caches in gpu-bundle/work/, and that cache from the last run when it is copied back
@@ -90,7 +90,7 @@ run() {
     if [ "$what" != tests ]; then
         [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of backend names
-        step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
+        [ -n "${SKIP_STEP_TIME:-}" ] || step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
     fi
 
     (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" --exclude=backends --exclude=step_time \
