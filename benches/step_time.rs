@@ -17,9 +17,9 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_dataparallel::{DataParallel, Mean};
+use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
@@ -65,7 +65,7 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 /// Runs `steps` training steps of `replicas` replicas (0: the bare model).
-fn time_steps<B: AutodiffBackend>(
+fn time_steps<B: DataParallelBackend>(
     widths: &[usize],
     batch: usize,
     replicas: usize,
@@ -139,7 +139,7 @@ fn time_steps<B: AutodiffBackend>(
     }
 }
 
-fn bench_backend<B: AutodiffBackend>(name: &str, widths: &[usize], batch: usize) {
+fn bench_backend<B: DataParallelBackend>(name: &str, widths: &[usize], batch: usize) {
     let mut bare_median = None;
     for replicas in [0, 1, 2, 4] {
         let timing = time_steps::<B>(widths, batch, replicas, 10, 30);

@@ -34,7 +34,7 @@ use burn::train::renderer::{
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
-use burn_dataparallel::{DataParallel, Forward, impl_scatter};
+use burn_dataparallel::{ConcatBackend, DataParallel, DataParallelBackend, Forward, impl_scatter};
 
 // ---- The model, as any Burn user writes it. ----
 
@@ -100,7 +100,7 @@ impl<B: Backend> InferenceStep for Cnn<B> {
 // ---- What DataParallel needs in addition. ----
 
 /// The forward each replica runs on its shard of the batch.
-impl<B: Backend> Forward<B> for Cnn<B> {
+impl<B: ConcatBackend> Forward<B> for Cnn<B> {
     type Input = ImageBatch<B>;
     type Output = ClassificationOutput<B>;
 
@@ -258,7 +258,7 @@ fn accuracy<B: Backend>(output: ClassificationOutput<B>) -> f64 {
     100.0 * correct.elem::<f64>() / n
 }
 
-fn run<B: AutodiffBackend>(device: B::Device, replicas: usize) {
+fn run<B: DataParallelBackend>(device: B::Device, replicas: usize) {
     let train = DataLoaderBuilder::new(ImageBatcher)
         .batch_size(64)
         .shuffle(42)

@@ -15,9 +15,9 @@ use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, ElementConversion, Int, Tensor};
-use burn_dataparallel::{DataParallel, Mean};
+use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
 #[derive(Module, Debug)]
 struct Classifier<B: Backend> {
@@ -50,7 +50,7 @@ fn dataset<B: Backend>(count: usize, device: &B::Device) -> (Tensor<B, 2>, Tenso
     (centres.select(0, labels.clone()) + noise, labels)
 }
 
-fn train<B: AutodiffBackend>(device: B::Device, replicas: usize) {
+fn train<B: DataParallelBackend>(device: B::Device, replicas: usize) {
     let (points, labels) = dataset::<B>(4096, &device);
     let mut model = DataParallel::new(
         Classifier::<B>::new(&device),

@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed)
-#   scripts/gpu-check.sh run LOG_DIR [tests|bench|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -18,14 +18,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
+BINARIES="backends kernels step_time concat learner_cnn"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
     mkdir -p "$BUNDLE"
     local json
     json=$(mktemp)
-    cargo test --release --features cuda --test backends --no-run --message-format=json >"$json"
-    cargo bench --features cuda --bench step_time --no-run --message-format=json >>"$json"
+    cargo test --release --features cuda --test backends --test kernels --no-run \
+        --message-format=json >"$json"
+    cargo bench --features cuda --bench step_time --bench concat --no-run \
+        --message-format=json >>"$json"
     cargo build --release --features cuda --example learner_cnn --message-format=json >>"$json"
     python3 - "$json" "$BUNDLE" <<'PY'
 import json, shutil, sys
@@ -40,7 +43,7 @@ for line in open(sys.argv[1]):
         print(f"{out}/{name}")
 PY
     rm -f "$json"
-    for bin in backends step_time learner_cnn; do
+    for bin in $BINARIES; do
         strip "$BUNDLE/$bin"
         xz -T0 -6 -f "$BUNDLE/$bin"
     done
@@ -65,7 +68,7 @@ run() {
     if [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
         tar xzf "$BUNDLE/cubecl-cache.tar.gz" -C "$work"
     fi
-    for bin in backends step_time learner_cnn; do
+    for bin in $BINARIES; do
         xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
         chmod +x "$work/$bin"
     done
@@ -83,26 +86,34 @@ run() {
     }
     export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
     local what=${2:-all} tests_limit=${TESTS_LIMIT:-250} bench_limit=${BENCH_LIMIT:-200}
-    if [ "$what" != bench ]; then
+    if [ "$what" != bench ] && [ "$what" != kernels ]; then
         step tests-cuda-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
     fi
-    if [ "$what" != tests ]; then
+    if [ "$what" = kernels ] || [ "$what" = all ]; then
+        step tests-kernels-cuda "$tests_limit" ./kernels --test-threads=1 cuda
+        step bench-concat "$bench_limit" ./concat
+        step bench-concat-torch "$bench_limit" python3 "$(pwd)/benches/torch_concat.py"
+    fi
+    if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of backend names
         [ -n "${SKIP_STEP_TIME:-}" ] || step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
     fi
 
-    (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" --exclude=backends --exclude=step_time \
-        --exclude=learner_cnn --exclude=cubecl.toml .)
+    local exclude=(--exclude=cubecl.toml)
+    for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
+    (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" "${exclude[@]}" .)
     echo
-    for name in tests-cuda-fusion tests-cuda-cube; do
+    for name in tests-cuda-fusion tests-cuda-cube tests-kernels-cuda; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
-    [ -f "$logs/step-time.log" ] && grep -E '^\|' "$logs/step-time.log"
+    for name in step-time bench-concat bench-concat-torch; do
+        [ -f "$logs/$name.log" ] && grep -E '^\|' "$logs/$name.log"
+    done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
     echo
     cat "$table"
@@ -112,7 +123,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|bench|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|all]" >&2
         exit 2
         ;;
 esac

@@ -57,14 +57,16 @@ pub struct DataParallel<B: Backend, M> {
 /// ```
 /// use burn::nn::Linear;
 /// use burn::tensor::{Tensor, backend::Backend};
-/// use burn_dataparallel::Forward;
+/// use burn_dataparallel::{ConcatBackend, Forward};
 ///
 /// #[derive(burn::module::Module, Debug)]
 /// struct Classifier<B: Backend> {
 ///     linear: Linear<B>,
 /// }
 ///
-/// impl<B: Backend> Forward<B> for Classifier<B> {
+/// // `ConcatBackend`: a backend with this crate's concat/split kernels (every Burn backend
+/// // but Candle, LibTorch and the router has them).
+/// impl<B: ConcatBackend> Forward<B> for Classifier<B> {
 ///     type Input = Tensor<B, 2>;
 ///     type Output = Tensor<B, 2>;
 ///

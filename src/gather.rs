@@ -2,6 +2,7 @@
 
 use burn::tensor::{BasicOps, Tensor, backend::Backend};
 
+use crate::kernels::ConcatKind;
 use crate::{DataParallelError, Shards, ops};
 
 /// A value that can be combined from one output per replica.
@@ -97,7 +98,7 @@ fn on_output_device<B: Backend, const D: usize, K: BasicOps<B>>(
         .collect()
 }
 
-impl<B: Backend, const D: usize, K: BasicOps<B>> Gather<B> for Tensor<B, D, K> {
+impl<B: Backend, const D: usize, K: ConcatKind<B>> Gather<B> for Tensor<B, D, K> {
     fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
         let dim = shards.dim();
         if dim >= D {

@@ -123,6 +123,7 @@ mod config;
 mod data_parallel;
 mod error;
 mod gather;
+pub mod kernels;
 mod macros;
 mod module;
 mod ops;
@@ -137,13 +138,9 @@ pub use config::DataParallelConfig;
 pub use data_parallel::{DataParallel, Forward};
 pub use error::{BoxError, DataParallelError};
 pub use gather::{Gather, Mean, Sum};
+pub use kernels::{ConcatBackend, DataParallelBackend};
 pub use replicate::replicate;
 pub use scatter::{Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
 #[cfg(feature = "train")]
 pub use train::StepOutput;
-
-#[doc(hidden)]
-pub mod __private {
-    pub use burn::tensor::backend::Backend;
-}

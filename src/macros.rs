@@ -36,12 +36,12 @@
 #[macro_export]
 macro_rules! impl_scatter {
     ($name:ident < $backend:ident > { $($field:ident),+ $(,)? }) => {
-        impl<$backend: $crate::__private::Backend> $crate::Scatter<$backend> for $name<$backend> {
+        impl<$backend: $crate::ConcatBackend> $crate::Scatter<$backend> for $name<$backend> {
             $crate::impl_scatter!(@body $backend; $($field),+);
         }
     };
     ($name:ident { $($field:ident),+ $(,)? }) => {
-        impl<B: $crate::__private::Backend> $crate::Scatter<B> for $name {
+        impl<B: $crate::ConcatBackend> $crate::Scatter<B> for $name {
             $crate::impl_scatter!(@body B; $($field),+);
         }
     };
@@ -108,12 +108,12 @@ macro_rules! impl_scatter {
 #[macro_export]
 macro_rules! impl_gather {
     ($name:ident < $backend:ident > { $($field:ident),+ $(,)? }) => {
-        impl<$backend: $crate::__private::Backend> $crate::Gather<$backend> for $name<$backend> {
+        impl<$backend: $crate::ConcatBackend> $crate::Gather<$backend> for $name<$backend> {
             $crate::impl_gather!(@body $backend; $($field),+);
         }
     };
     ($name:ident { $($field:ident),+ $(,)? }) => {
-        impl<B: $crate::__private::Backend> $crate::Gather<B> for $name {
+        impl<B: $crate::ConcatBackend> $crate::Gather<B> for $name {
             $crate::impl_gather!(@body B; $($field),+);
         }
     };

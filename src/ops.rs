@@ -1,23 +1,25 @@
 //! The concatenate/split/move seam of the pipeline.
 //!
 //! Every concatenation, split and device move that scatter and gather perform goes through
-//! these functions, so that faster implementations replace them in one place.
+//! these functions; concatenation and splitting run this crate's kernels ([`crate::kernels`]).
 
 use burn::tensor::{BasicOps, Tensor, backend::Backend};
 
+use crate::kernels::{self, ConcatKind};
+
 /// Concatenates `tensors` (all on one device) along `dim`.
-pub(crate) fn concat<B: Backend, const D: usize, K: BasicOps<B>>(
+pub(crate) fn concat<B: Backend, const D: usize, K: ConcatKind<B>>(
     mut tensors: Vec<Tensor<B, D, K>>,
     dim: usize,
 ) -> Tensor<B, D, K> {
     if tensors.len() == 1 {
         return tensors.pop().expect("one tensor");
     }
-    Tensor::cat(tensors, dim)
+    kernels::concat(tensors, dim)
 }
 
 /// Splits `tensor` along `dim` into pieces of the given positive sizes.
-pub(crate) fn split<B: Backend, const D: usize, K: BasicOps<B>>(
+pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
     tensor: Tensor<B, D, K>,
     sizes: &[usize],
     dim: usize,
@@ -25,7 +27,7 @@ pub(crate) fn split<B: Backend, const D: usize, K: BasicOps<B>>(
     if sizes.len() == 1 {
         return vec![tensor];
     }
-    tensor.split_with_sizes(sizes.to_vec(), dim)
+    kernels::split(tensor, sizes, dim)
 }
 
 /// Moves `tensor` to `device`; a tensor already there is returned as it is.

@@ -1,7 +1,8 @@
 //! Splitting a batch into one shard per replica.
 
-use burn::tensor::{BasicOps, Tensor, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
+use crate::kernels::ConcatKind;
 use crate::{DataParallelError, Shards, ops};
 
 /// A value that can be split into one shard per replica.
@@ -71,7 +72,7 @@ pub fn merge_batch_size(
     }
 }
 
-impl<B: Backend, const D: usize, K: BasicOps<B>> Scatter<B> for Tensor<B, D, K> {
+impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         if dim >= D {
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });

@@ -15,6 +15,7 @@ use burn::train::{
     RegressionOutput, SequenceOutput, TrainOutput, TrainStep,
 };
 
+use crate::kernels::ConcatBackend;
 use crate::{DataParallel, DataParallelError, Forward, Gather, Mean, Shards};
 
 /// The output of a training forward: it holds the loss to run the backward pass from.
@@ -82,7 +83,7 @@ fn gather_loss<B: Backend>(
 /// the other fields are gathered as they are.
 macro_rules! train_output {
     ($name:ident { $($field:ident),+ }) => {
-        impl<B: Backend> Gather<B> for $name<B> {
+        impl<B: ConcatBackend> Gather<B> for $name<B> {
             fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
                 let mut loss = Vec::with_capacity(outputs.len());
                 $(let mut $field = Vec::with_capacity(outputs.len());)+

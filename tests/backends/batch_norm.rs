@@ -4,12 +4,12 @@
 use crate::common::*;
 use burn::module::Module;
 use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::DataParallel;
+use burn_dataparallel::DataParallelBackend;
 
 /// Running (mean, var) a fresh copy of `model` would hold after one training forward on each
 /// shard alone, averaged over shards.
-fn expected_statistics<B: AutodiffBackend>(
+fn expected_statistics<B: DataParallelBackend>(
     model: &BnNet<B>,
     shards: Vec<Tensor<B, 2>>,
 ) -> (Vec<f32>, Vec<f32>) {
@@ -35,7 +35,7 @@ fn expected_statistics<B: AutodiffBackend>(
     sums
 }
 
-fn statistics<B: AutodiffBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) {
+fn statistics<B: DataParallelBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) {
     (
         values(model.norm.running_mean.value()),
         values(model.norm.running_var.value()),
@@ -44,7 +44,7 @@ fn statistics<B: AutodiffBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) {
 
 /// Three steps with 3, then 2, then 3 shards: each ends with the average of the shards'
 /// updates of the previous statistics, whichever replicas took part before.
-fn running_statistics_average_the_shards<B: AutodiffBackend>() {
+fn running_statistics_average_the_shards<B: DataParallelBackend>() {
     let device = Default::default();
     let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(3)).unwrap();
     for batch in [7, 2, 9] {
@@ -68,7 +68,7 @@ fn running_statistics_average_the_shards<B: AutodiffBackend>() {
 
 /// Statistics gathered through the wrapper are those saved in its record and used by its
 /// inference replicas.
-fn statistics_reach_the_record_and_inference<B: AutodiffBackend>() {
+fn statistics_reach_the_record_and_inference<B: DataParallelBackend>() {
     use burn::module::AutodiffModule;
     let device = Default::default();
     let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(2)).unwrap();

@@ -2,13 +2,13 @@
 
 use crate::common::*;
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
+use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{
     DataParallel, DataParallelConfig, Gather, Mean, Scatter, Shared, Sum, impl_gather, impl_scatter,
 };
 
-fn mlp_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
+fn mlp_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -17,7 +17,7 @@ fn mlp_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
     assert_matches_bare(&dp, &model, input, |m, x| m.forward(x));
 }
 
-fn forward_trait_matches_bare<B: AutodiffBackend>(replicas: usize) {
+fn forward_trait_matches_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -28,7 +28,7 @@ fn forward_trait_matches_bare<B: AutodiffBackend>(replicas: usize) {
     assert_close(&values(actual), &values(expected), "output");
 }
 
-fn conv_net_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
+fn conv_net_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize) {
     let device = Default::default();
     let model = ConvNet::<B>::new(&device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -39,7 +39,7 @@ fn conv_net_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
 
 /// Without autodiff-time randomness (dropout 0) and with frozen statistics (inference), a
 /// batch-norm model gives the whole-batch output.
-fn batch_norm_inference_matches_bare<B: AutodiffBackend>(replicas: usize) {
+fn batch_norm_inference_matches_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = BnNet::<B>::new(0.5, &device).valid();
     let dp = DataParallel::new(model, devices::<B::InnerBackend>(replicas)).unwrap();
@@ -52,7 +52,7 @@ fn batch_norm_inference_matches_bare<B: AutodiffBackend>(replicas: usize) {
 
 /// In training, batch normalization normalizes each shard on its own: the reference runs the
 /// bare model on each shard in turn on one device.
-fn batch_norm_training_matches_per_shard_reference<B: AutodiffBackend>(replicas: usize) {
+fn batch_norm_training_matches_per_shard_reference<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(replicas)).unwrap();
     let reference = BnNet::<B>::new(0.0, &device).load_record(dp.module().clone().into_record());
@@ -81,7 +81,7 @@ fn batch_norm_training_matches_per_shard_reference<B: AutodiffBackend>(replicas:
 }
 
 /// A batch laid out `[features, batch]`, split and gathered along dim 1.
-fn dim_one_matches_bare<B: AutodiffBackend>(replicas: usize) {
+fn dim_one_matches_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallelConfig::new()
@@ -95,7 +95,7 @@ fn dim_one_matches_bare<B: AutodiffBackend>(replicas: usize) {
     });
 }
 
-fn weighted_shards_match_bare<B: AutodiffBackend>(weights: Vec<f64>, batch: usize) {
+fn weighted_shards_match_bare<B: DataParallelBackend>(weights: Vec<f64>, batch: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let replicas = weights.len();
@@ -113,7 +113,7 @@ fn weighted_shards_match_bare<B: AutodiffBackend>(weights: Vec<f64>, batch: usiz
 
 /// A per-replica mean loss, gathered with `Mean`, equals the whole-batch mean loss and has
 /// its gradients, even for uneven shards.
-fn mean_loss_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
+fn mean_loss_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -132,7 +132,7 @@ fn mean_loss_matches_bare<B: AutodiffBackend>(replicas: usize, batch: usize) {
     );
 }
 
-fn sum_loss_matches_bare<B: AutodiffBackend>(replicas: usize) {
+fn sum_loss_matches_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -172,7 +172,7 @@ type NestedInput<B> = (
 impl_gather!(Output<B> { logits, extras });
 
 /// Nested tuples, `Vec`, `Option`, shared values and user structs on both sides.
-fn nested_structures_match_bare<B: AutodiffBackend>(replicas: usize) {
+fn nested_structures_match_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -227,7 +227,7 @@ fn nested_structures_match_bare<B: AutodiffBackend>(replicas: usize) {
 }
 
 /// Integer and boolean tensors scatter and gather unchanged.
-fn int_and_bool_tensors_round_trip<B: AutodiffBackend>(replicas: usize) {
+fn int_and_bool_tensors_round_trip<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -239,7 +239,7 @@ fn int_and_bool_tensors_round_trip<B: AutodiffBackend>(replicas: usize) {
 }
 
 /// The replicas run on distinct worker threads, and the same ones at every forward.
-fn replicas_run_on_persistent_workers<B: AutodiffBackend>(replicas: usize) {
+fn replicas_run_on_persistent_workers<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
@@ -263,7 +263,7 @@ fn replicas_run_on_persistent_workers<B: AutodiffBackend>(replicas: usize) {
 }
 
 /// Gathering a single shard returns it as it is.
-fn single_shard_output_is_the_bare_output<B: AutodiffBackend>(replicas: usize) {
+fn single_shard_output_is_the_bare_output<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();

@@ -4,11 +4,12 @@ use crate::common::*;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{
     DataParallel, DataParallelConfig, DataParallelError, Gather, Mean, Scatter, Shared,
 };
 
-fn model<B: AutodiffBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
+fn model<B: DataParallelBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
     DataParallel::new(
         Mlp::new(8, 16, 4, &Default::default()),
         devices::<B>(replicas),
@@ -33,7 +34,7 @@ where
     })
 }
 
-fn configuration_errors<B: AutodiffBackend>() {
+fn configuration_errors<B: DataParallelBackend>() {
     let mlp = || Mlp::<B>::new(8, 16, 4, &Default::default());
     assert!(matches!(
         DataParallel::new(mlp(), Vec::new()),
@@ -62,7 +63,7 @@ fn configuration_errors<B: AutodiffBackend>() {
     ));
 }
 
-fn input_errors<B: AutodiffBackend>() {
+fn input_errors<B: DataParallelBackend>() {
     let dp = model::<B>(3);
     let device = Default::default();
     let forward = |m: &Mlp<B>, x: Tensor<B, 2>| m.forward(x);
@@ -116,7 +117,7 @@ fn input_errors<B: AutodiffBackend>() {
     ));
 }
 
-fn output_errors<B: AutodiffBackend>() {
+fn output_errors<B: DataParallelBackend>() {
     let device = Default::default();
     let dp = model::<B>(3);
     let input = || random::<B, 2>([7, 8], &device);
@@ -183,7 +184,7 @@ impl std::fmt::Display for Refused {
 impl std::error::Error for Refused {}
 
 /// A panicking or failing replica is reported by index and device; the next forward works.
-fn replica_failures_are_errors<B: AutodiffBackend>() {
+fn replica_failures_are_errors<B: DataParallelBackend>() {
     let device = Default::default();
     let dp = model::<B>(3);
     let input = || random::<B, 2>([7, 8], &device);

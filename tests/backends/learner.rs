@@ -4,7 +4,7 @@ use burn::data::dataloader::{DataLoaderBuilder, batcher::Batcher};
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
 use burn::optim::AdamConfig;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::renderer::{
@@ -14,6 +14,7 @@ use burn::train::renderer::{
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
+use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Forward, impl_scatter};
 
 use crate::common::*;
@@ -37,7 +38,7 @@ impl<B: Backend> ConvNet<B> {
 }
 
 /// What a user of the bare model already has.
-impl<B: AutodiffBackend> TrainStep for ConvNet<B> {
+impl<B: DataParallelBackend> TrainStep for ConvNet<B> {
     type Input = ImageBatch<B>;
     type Output = ClassificationOutput<B>;
 
@@ -57,7 +58,7 @@ impl<B: Backend> InferenceStep for ConvNet<B> {
 }
 
 /// The one addition for the wrapper: which forward its replicas run.
-impl<B: Backend> Forward<B> for ConvNet<B> {
+impl<B: burn_dataparallel::ConcatBackend> Forward<B> for ConvNet<B> {
     type Input = ImageBatch<B>;
     type Output = ClassificationOutput<B>;
 
@@ -134,7 +135,7 @@ impl MetricsRenderer for Silent {
 
 /// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
 /// leave the parameters where the same training of the bare model leaves them.
-fn learner_matches_bare<B: AutodiffBackend>() {
+fn learner_matches_bare<B: DataParallelBackend>() {
     let device = B::Device::default();
     let loaders = || {
         let train = DataLoaderBuilder::new(ImageBatcher)

@@ -5,20 +5,20 @@ use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
+use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Mean};
 
-fn mse<B: AutodiffBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+fn mse<B: DataParallelBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
     (model.forward(x) - y).powi_scalar(2).mean()
 }
 
 /// A fresh model with the same parameters (and ids) as `model`, sharing nothing with it.
-fn copy_of<B: AutodiffBackend>(model: &Mlp<B>) -> Mlp<B> {
+fn copy_of<B: DataParallelBackend>(model: &Mlp<B>) -> Mlp<B> {
     Mlp::new(8, 16, 4, &Default::default()).load_record(model.clone().into_record())
 }
 
-fn batches<B: AutodiffBackend>(steps: usize) -> Vec<(Tensor<B, 2>, Tensor<B, 2>)> {
+fn batches<B: DataParallelBackend>(steps: usize) -> Vec<(Tensor<B, 2>, Tensor<B, 2>)> {
     let device = Default::default();
     (0..steps)
         .map(|_| (random([7, 8], &device), random([7, 4], &device)))
@@ -27,7 +27,7 @@ fn batches<B: AutodiffBackend>(steps: usize) -> Vec<(Tensor<B, 2>, Tensor<B, 2>)
 
 /// Steps of `optim` through the wrapper leave the parameters where the same steps on the bare
 /// model leave them.
-fn optimizer_steps_match_bare<B: AutodiffBackend>(
+fn optimizer_steps_match_bare<B: DataParallelBackend>(
     mut optim_bare: impl Optimizer<Mlp<B>, B>,
     mut optim_dp: impl Optimizer<DataParallel<B, Mlp<B>>, B>,
 ) {
@@ -49,19 +49,19 @@ fn optimizer_steps_match_bare<B: AutodiffBackend>(
     }
 }
 
-fn sgd_steps_match_bare<B: AutodiffBackend>() {
+fn sgd_steps_match_bare<B: DataParallelBackend>() {
     let config = SgdConfig::new().with_momentum(Some(burn::optim::momentum::MomentumConfig::new()));
     optimizer_steps_match_bare::<B>(config.init(), config.init());
 }
 
-fn adam_steps_match_bare<B: AutodiffBackend>() {
+fn adam_steps_match_bare<B: DataParallelBackend>() {
     let config = AdamConfig::new();
     optimizer_steps_match_bare::<B>(config.init(), config.init());
 }
 
 /// Optimizer state built through the wrapper keeps working on the unwrapped model: both see the
 /// same parameter ids.
-fn optimizer_state_carries_over_to_the_bare_model<B: AutodiffBackend>() {
+fn optimizer_state_carries_over_to_the_bare_model<B: DataParallelBackend>() {
     let device = Default::default();
     let mut dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2)).unwrap();
     let mut bare = copy_of(dp.module());
@@ -94,7 +94,7 @@ fn optimizer_state_carries_over_to_the_bare_model<B: AutodiffBackend>() {
 }
 
 /// The wrapper's record is byte for byte the bare model's record.
-fn records_are_byte_identical<B: AutodiffBackend>() {
+fn records_are_byte_identical<B: DataParallelBackend>() {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let dp = DataParallel::new(model, devices::<B>(2)).unwrap();
@@ -106,7 +106,7 @@ fn records_are_byte_identical<B: AutodiffBackend>() {
 }
 
 /// A file saved through the wrapper loads into the bare model, and the reverse.
-fn checkpoints_round_trip<B: AutodiffBackend>() {
+fn checkpoints_round_trip<B: DataParallelBackend>() {
     let device = Default::default();
     let dir = tempfile::tempdir().unwrap();
     let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
@@ -131,7 +131,7 @@ fn checkpoints_round_trip<B: AutodiffBackend>() {
 
 /// `valid()` gives an inference wrapper with the same parameters and settings; `train()`
 /// comes back.
-fn valid_and_train_round_trip<B: AutodiffBackend>() {
+fn valid_and_train_round_trip<B: DataParallelBackend>() {
     let device = Default::default();
     let dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(3)).unwrap();
     let inference = dp.valid();
@@ -149,7 +149,7 @@ fn valid_and_train_round_trip<B: AutodiffBackend>() {
     assert_eq!(back.num_params(), dp.module().num_params());
 }
 
-fn display_shows_the_wrapped_module<B: AutodiffBackend>() {
+fn display_shows_the_wrapped_module<B: DataParallelBackend>() {
     let dp = DataParallel::new(
         Mlp::<B>::new(8, 16, 4, &Default::default()),
         devices::<B>(2),
@@ -177,7 +177,7 @@ macro_rules! book_training_loop {
     };
 }
 
-fn book_loop_is_unchanged<B: AutodiffBackend>() {
+fn book_loop_is_unchanged<B: DataParallelBackend>() {
     let device = Default::default();
     let batches = (0..3).map(|_| {
         let inputs = random::<B, 2>([9, 8], &device);

@@ -9,6 +9,7 @@ use burn::nn::{
 };
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData};
+use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Forward, Scatter};
 
 /// The CPU backend every test runs on.
@@ -91,7 +92,7 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-impl<B: Backend> Forward<B> for Mlp<B> {
+impl<B: burn_dataparallel::ConcatBackend> Forward<B> for Mlp<B> {
     type Input = Tensor<B, 2>;
     type Output = Tensor<B, 2>;
 
@@ -294,7 +295,7 @@ pub fn assert_matches_bare<B, M, I, const D: usize>(
     input: I,
     forward: impl Fn(&M, I) -> Tensor<B, D> + Sync,
 ) where
-    B: AutodiffBackend,
+    B: DataParallelBackend,
     M: Module<B>,
     I: Scatter<B> + Send + Clone,
 {

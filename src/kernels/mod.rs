@@ -1,0 +1,309 @@
+//! Concatenation and splitting as a Burn backend extension: the hot path of scatter, gather
+//! and coalesced transfers.
+//!
+//! [`ConcatBackend`] adds `concat` (any number of inputs along any dimension, in one kernel
+//! launch) and `split` (one tensor into pieces, zero-copy views where the layout allows,
+//! otherwise one kernel launch) to a backend. CubeCL backends run this crate's kernels
+//! (`concat.rs`, `split.rs`), `Fusion` registers them as custom operations, `Autodiff` gives
+//! them custom backward steps (the backward of a concatenation is a split and the other way
+//! round), and other backends use Burn's own operations.
+//!
+//! [`concat`], [`split`], [`coalesce`] and [`uncoalesce`] are the tensor-level entry points.
+//!
+//! Implemented for CubeCL backends and `Fusion` (feature `cubecl`), Flex (`flex`), NdArray
+//! (`ndarray`) and `Autodiff` over any of them; another backend gets Burn's own operations
+//! from an empty `impl ConcatBackend for MyBackend {}`.
+
+mod autodiff;
+#[cfg(feature = "cubecl")]
+mod concat;
+#[cfg(feature = "cubecl")]
+mod fusion;
+#[cfg(feature = "cubecl")]
+mod split;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{BasicOps, Bool, Float, Int, Slice, Tensor, TensorMetadata, TensorPrimitive};
+
+/// A backend with single-launch concatenation and splitting.
+///
+/// Every method has a default body built on Burn's own operations, so a backend without
+/// kernels of its own implements the trait with an empty `impl`.
+pub trait ConcatBackend: Backend {
+    /// Concatenates float tensors along `dim`.
+    ///
+    /// # Panics
+    ///
+    /// If `tensors` is empty, or the tensors differ in rank, dtype, device or in a dimension
+    /// other than `dim`.
+    fn float_concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        Self::float_cat(tensors, dim)
+    }
+
+    /// Concatenates int tensors along `dim`.
+    ///
+    /// # Panics
+    ///
+    /// As [`float_concat`](Self::float_concat).
+    fn int_concat(tensors: Vec<IntTensor<Self>>, dim: usize) -> IntTensor<Self> {
+        Self::int_cat(tensors, dim)
+    }
+
+    /// Splits a float tensor along `dim` into pieces of the given sizes.
+    ///
+    /// # Panics
+    ///
+    /// If the sizes do not sum to the tensor's size along `dim`.
+    fn float_split(
+        tensor: FloatTensor<Self>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<FloatTensor<Self>> {
+        let shape = tensor.shape().to_vec();
+        slices(&shape, sizes, dim)
+            .map(|slices| Self::float_slice(tensor.clone(), &slices))
+            .collect()
+    }
+
+    /// Splits an int tensor along `dim` into pieces of the given sizes.
+    ///
+    /// # Panics
+    ///
+    /// As [`float_split`](Self::float_split).
+    fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
+        let shape = tensor.shape().to_vec();
+        slices(&shape, sizes, dim)
+            .map(|slices| Self::int_slice(tensor.clone(), &slices))
+            .collect()
+    }
+}
+
+/// An autodiff backend that [`DataParallel`](crate::DataParallel) trains on: it and its inner
+/// backend (used by `valid()` models) both have the kernels. One bound for generic training
+/// code: `fn train<B: DataParallelBackend>(...)`.
+pub trait DataParallelBackend:
+    AutodiffBackend<InnerBackend: ConcatBackend> + ConcatBackend
+{
+}
+
+impl<B> DataParallelBackend for B
+where
+    B: AutodiffBackend + ConcatBackend,
+    B::InnerBackend: ConcatBackend,
+{
+}
+
+/// The slices that cut `shape` along `dim` into pieces of `sizes`.
+///
+/// # Panics
+///
+/// If the sizes do not sum to `shape[dim]`.
+pub(crate) fn slices<'a>(
+    shape: &'a [usize],
+    sizes: &'a [usize],
+    dim: usize,
+) -> impl Iterator<Item = Vec<Slice>> + 'a {
+    assert_eq!(
+        sizes.iter().sum::<usize>(),
+        shape[dim],
+        "split sizes {sizes:?} do not sum to dim {dim} of shape {shape:?}"
+    );
+    sizes.iter().scan(0, move |start, &size| {
+        let begin = *start;
+        *start += size;
+        Some(
+            shape
+                .iter()
+                .enumerate()
+                .map(|(d, &len)| match d == dim {
+                    true => Slice::new(begin as isize, Some((begin + size) as isize), 1),
+                    false => Slice::new(0, Some(len as isize), 1),
+                })
+                .collect(),
+        )
+    })
+}
+
+/// A tensor kind that [`concat`] and [`split`] accept: float and int tensors go through
+/// [`ConcatBackend`], bool tensors through Burn's own operations.
+pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
+    /// Concatenates along `dim`.
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Self>>, dim: usize) -> Tensor<B, D, Self>;
+
+    /// Splits along `dim` into pieces of the given sizes.
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Self>>;
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Float {
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D>>, dim: usize) -> Tensor<B, D> {
+        let mut floats = Vec::with_capacity(tensors.len());
+        for tensor in &tensors {
+            match tensor.clone().into_primitive() {
+                TensorPrimitive::Float(float) => floats.push(float),
+                // Quantized tensors keep Burn's own concatenation.
+                TensorPrimitive::QFloat(_) => return Tensor::cat(tensors, dim),
+            }
+        }
+        Tensor::from_primitive(TensorPrimitive::Float(B::float_concat(floats, dim)))
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D>> {
+        match tensor.clone().into_primitive() {
+            TensorPrimitive::Float(float) => B::float_split(float, sizes, dim)
+                .into_iter()
+                .map(|piece| Tensor::from_primitive(TensorPrimitive::Float(piece)))
+                .collect(),
+            TensorPrimitive::QFloat(_) => tensor.split_with_sizes(sizes.to_vec(), dim),
+        }
+    }
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Int {
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Int>>, dim: usize) -> Tensor<B, D, Int> {
+        let ints = tensors.into_iter().map(Tensor::into_primitive).collect();
+        Tensor::from_primitive(B::int_concat(ints, dim))
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Int>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Int>> {
+        B::int_split(tensor.into_primitive(), sizes, dim)
+            .into_iter()
+            .map(Tensor::from_primitive)
+            .collect()
+    }
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Bool {
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Bool>>, dim: usize) -> Tensor<B, D, Bool> {
+        Tensor::cat(tensors, dim)
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Bool>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Bool>> {
+        tensor.split_with_sizes(sizes.to_vec(), dim)
+    }
+}
+
+/// Concatenates `tensors` along `dim`, in one kernel launch on CubeCL backends.
+///
+/// # Shapes
+///
+/// - tensors: `[d_0, ..., n_i, ..., d_{D-1}]`, `n_i` at `dim`
+/// - output: `[d_0, ..., sum(n_i), ..., d_{D-1}]`
+///
+/// # Panics
+///
+/// If `tensors` is empty or the tensors differ outside `dim`, in dtype or in device.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::kernels::concat;
+///
+/// let device = Default::default();
+/// let parts = vec![Tensor::<Flex, 2>::ones([2, 3], &device), Tensor::zeros([1, 3], &device)];
+/// assert_eq!(concat(parts, 0).dims(), [3, 3]);
+/// ```
+pub fn concat<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensors: Vec<Tensor<B, D, K>>,
+    dim: usize,
+) -> Tensor<B, D, K> {
+    assert!(!tensors.is_empty(), "concat needs at least one tensor");
+    assert!(dim < D, "dim {dim} is out of range for rank {D}");
+    K::concat(tensors, dim)
+}
+
+/// Splits `tensor` along `dim` into pieces of the given sizes: zero-copy views where the layout
+/// allows, otherwise one kernel launch on CubeCL backends.
+///
+/// # Shapes
+///
+/// - tensor: `[d_0, ..., sum(sizes), ..., d_{D-1}]`
+/// - piece `i`: `[d_0, ..., sizes[i], ..., d_{D-1}]`
+///
+/// # Panics
+///
+/// If the sizes do not sum to the tensor's size along `dim`.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::kernels::split;
+///
+/// let tensor = Tensor::<Flex, 2>::ones([2, 7], &Default::default());
+/// let pieces = split(tensor, &[3, 4], 1);
+/// assert_eq!(pieces[1].dims(), [2, 4]);
+/// ```
+pub fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensor: Tensor<B, D, K>,
+    sizes: &[usize],
+    dim: usize,
+) -> Vec<Tensor<B, D, K>> {
+    assert!(dim < D, "dim {dim} is out of range for rank {D}");
+    assert_eq!(
+        sizes.iter().sum::<usize>(),
+        tensor.dims()[dim],
+        "split sizes {sizes:?} do not sum to dim {dim} of shape {:?}",
+        tensor.dims()
+    );
+    K::split(tensor, sizes, dim)
+}
+
+/// Flattens `tensors` into one buffer, in one kernel launch on CubeCL backends, for a single
+/// large transfer; [`uncoalesce`] gives them back.
+///
+/// # Shapes
+///
+/// - tensors: any shapes
+/// - output: `[sum of the tensors' element counts]`
+///
+/// # Panics
+///
+/// If `tensors` is empty or mixes dtypes or devices.
+pub fn coalesce<B: Backend, K: ConcatKind<B>>(tensors: Vec<Tensor<B, 1, K>>) -> Tensor<B, 1, K> {
+    concat(tensors, 0)
+}
+
+/// Cuts a buffer made by [`coalesce`] back into flat tensors of the given element counts
+/// (zero-copy views where the buffer's alignment allows).
+///
+/// # Panics
+///
+/// If the counts do not sum to the buffer's length.
+pub fn uncoalesce<B: Backend, K: ConcatKind<B>>(
+    buffer: Tensor<B, 1, K>,
+    counts: &[usize],
+) -> Vec<Tensor<B, 1, K>> {
+    split(buffer, counts, 0)
+}
+
+#[cfg(feature = "flex")]
+impl ConcatBackend for burn::backend::Flex {}
+
+#[cfg(feature = "ndarray")]
+impl<E, I, Q> ConcatBackend for burn::backend::NdArray<E, I, Q>
+where
+    burn::backend::NdArray<E, I, Q>: Backend,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
+{
+}
