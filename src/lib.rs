@@ -29,6 +29,10 @@
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.
+//! - Splitting and concatenation run this crate's [`kernels`]: one launch for any number of
+//!   inputs on CubeCL backends, recorded as custom operations under `Fusion`, with custom
+//!   backward steps under `Autodiff`. Tensors in inputs and outputs therefore need a
+//!   [`ConcatBackend`]; [`DataParallelBackend`] is the bound for generic training code.
 //!
 //! # Semantics
 //!

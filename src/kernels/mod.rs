@@ -8,7 +8,8 @@
 //! them custom backward steps (the backward of a concatenation is a split and the other way
 //! round), and other backends use Burn's own operations.
 //!
-//! [`concat`], [`split`], [`coalesce`] and [`uncoalesce`] are the tensor-level entry points.
+//! [`concat()`], [`split()`], [`coalesce()`] and [`uncoalesce()`] are the tensor-level entry
+//! points.
 //!
 //! Implemented for CubeCL backends and `Fusion` (feature `cubecl`), Flex (`flex`), NdArray
 //! (`ndarray`) and `Autodiff` over any of them; another backend gets Burn's own operations
@@ -125,7 +126,7 @@ pub(crate) fn slices<'a>(
     })
 }
 
-/// A tensor kind that [`concat`] and [`split`] accept: float and int tensors go through
+/// A tensor kind that [`concat()`] and [`split()`] accept: float and int tensors go through
 /// [`ConcatBackend`], bool tensors through Burn's own operations.
 pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
     /// Concatenates along `dim`.
@@ -269,7 +270,7 @@ pub fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
 }
 
 /// Flattens `tensors` into one buffer, in one kernel launch on CubeCL backends, for a single
-/// large transfer; [`uncoalesce`] gives them back.
+/// large transfer; [`uncoalesce()`] gives them back.
 ///
 /// # Shapes
 ///
@@ -283,7 +284,7 @@ pub fn coalesce<B: Backend, K: ConcatKind<B>>(tensors: Vec<Tensor<B, 1, K>>) -> 
     concat(tensors, 0)
 }
 
-/// Cuts a buffer made by [`coalesce`] back into flat tensors of the given element counts
+/// Cuts a buffer made by [`coalesce()`] back into flat tensors of the given element counts
 /// (zero-copy views where the buffer's alignment allows).
 ///
 /// # Panics
