@@ -109,6 +109,48 @@ fn bench<B: ConcatBackend>(backend: &str, cases: &[Case]) {
     }
 }
 
+/// Device time of one concatenation of 4x[64,1024] f32 on CubeBackend, from CubeCL's profiler
+/// (events recorded on the stream before and after), median of 21: the measurement that
+/// compares with `torch.cat` timed by CUDA events.
+#[cfg(feature = "cuda")]
+fn device_timed_small() {
+    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    let device = Default::default();
+    let parts: Vec<Tensor<Cube, 2>> = (0..4)
+        .map(|i| {
+            Tensor::from_data(
+                TensorData::new(vec![i as f32; 64 * 1024], [64, 1024]),
+                &device,
+            )
+        })
+        .collect();
+    let client = parts[0].clone().into_primitive().tensor().client;
+    let measure = |method: &str, op: &(dyn Fn(Vec<Tensor<Cube, 2>>) -> Tensor<Cube, 2> + Sync)| {
+        let samples = (0..24)
+            .map(|_| {
+                let inputs = parts.clone();
+                let (output, duration) = client
+                    .profile(move || op_send(op, inputs), method)
+                    .expect("profile");
+                drop(output);
+                cubecl::future::block_on(duration.resolve()).duration()
+            })
+            .skip(3)
+            .collect();
+        println!(
+            "| CubeBackend<Cuda> | 4x[64,1024] f32 | {method}, device time | {:.4} ms | |",
+            median(samples).as_secs_f64() * 1e3
+        );
+    };
+    measure("ours: concat", &|p| concat(p, 0));
+    measure("Burn: Tensor::cat", &|p| Tensor::cat(p, 0));
+}
+
+#[cfg(feature = "cuda")]
+fn op_send<T>(op: &(dyn Fn(Vec<T>) -> T + Sync), inputs: Vec<T>) -> T {
+    op(inputs)
+}
+
 fn main() {
     println!("| backend | case | method | time | bandwidth (read + write) |");
     println!("|---|---|---|---|---|");
@@ -143,6 +185,7 @@ fn main() {
         type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
         bench::<Cube>("CubeBackend<Cuda>", &cases);
         bench::<burn::backend::Cuda>("Cuda (Fusion)", &cases);
+        device_timed_small();
     }
     #[cfg(not(feature = "cuda"))]
     {
