@@ -274,6 +274,12 @@ fn run<B: DataParallelBackend>(device: B::Device, replicas: usize) {
         .expect("valid settings");
     println!("{model}");
     println!("training on {replicas} replicas of {device:?}");
+    // Compile and tune every replica's kernels for the training batch shape up front.
+    let sample = ImageBatcher.batch(dataset(64, 4), &device);
+    let warm = model
+        .warm_up(sample, |m, batch| Forward::forward(m, batch).loss)
+        .expect("warm-up");
+    println!("warm-up (first step's kernels): {:.2?}", warm.total());
 
     let artifacts = std::env::temp_dir().join("burn-dataparallel-learner-cnn");
     let started = Instant::now();

@@ -63,6 +63,21 @@ fn train<B: DataParallelBackend>(device: B::Device, replicas: usize) {
     let started = Instant::now();
 
     println!("training on {replicas} replicas of {device:?}");
+    // Compile and tune every replica's kernels for the batch shape before training.
+    let sample = (
+        points.clone().slice(0..batch_size),
+        labels.clone().slice(0..batch_size),
+    );
+    let warm = model
+        .warm_up(sample, |model, (x, y)| loss_fn.forward(model.forward(x), y))
+        .expect("warm-up");
+    println!(
+        "warm-up: {:.2?} (forward {:.2?}, backward {:.2?}), shards {:?}",
+        warm.total(),
+        warm.forward,
+        warm.backward,
+        warm.shard_sizes
+    );
     for epoch in 1..=5 {
         let mut total = 0.0;
         let batches = points.dims()[0] / batch_size;

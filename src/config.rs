@@ -36,6 +36,15 @@ pub struct DataParallelConfig {
     /// Relative share of every batch for each device (positive, one per device); even shards
     /// when `None`.
     pub shard_weights: Option<Vec<f64>>,
+    /// Largest coalesced parameter transfer to a replica on another device, in bytes (25 MiB
+    /// by default); gradients come back in the same buckets. Zero moves every parameter on its
+    /// own. Replicas on the parameters' device never copy them.
+    #[config(default = 26214400)]
+    pub bucket_size: usize,
+    /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
+    /// [`DataParallel::set_profiling`]).
+    #[config(default = false)]
+    pub profile: bool,
 }
 
 impl DataParallelConfig {
@@ -52,12 +61,15 @@ impl DataParallelConfig {
         module: M,
         devices: Vec<B::Device>,
     ) -> Result<DataParallel<B, M>, DataParallelError> {
-        DataParallel::build(
+        let dp = DataParallel::build(
             module,
             devices,
             self.output_device,
             self.dim,
             self.shard_weights.clone(),
-        )
+            self.bucket_size,
+        )?;
+        dp.set_profiling(self.profile);
+        Ok(dp)
     }
 }

@@ -5,9 +5,13 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
+use crate::kernels::ConcatBackend;
 use crate::parallel_apply::{Workers, run};
-use crate::replicate::{initialize, replicate};
-use crate::{BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Shards};
+use crate::profile::{self, Profiler, Stage};
+use crate::replicate::{initialize, replicate_with_buckets};
+use crate::{
+    BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Shards, StepProfile,
+};
 
 /// A module whose forward splits the batch over several devices and runs one replica per
 /// device at the same time.
@@ -47,6 +51,8 @@ pub struct DataParallel<B: Backend, M> {
     pub(crate) dim: usize,
     pub(crate) shard_weights: Option<Vec<f64>>,
     pub(crate) workers: Option<Arc<Workers>>,
+    pub(crate) bucket_size: usize,
+    pub(crate) profiler: Arc<Profiler>,
 }
 
 /// A module that [`DataParallel::forward`] can run: one input type to split, one output type
@@ -107,6 +113,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         output_index: usize,
         dim: usize,
         shard_weights: Option<Vec<f64>>,
+        bucket_size: usize,
     ) -> Result<Self, DataParallelError> {
         if devices.is_empty() {
             return Err(DataParallelError::NoDevices);
@@ -133,6 +140,8 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             dim,
             shard_weights,
             workers,
+            bucket_size,
+            profiler: Arc::default(),
         })
     }
 
@@ -186,6 +195,32 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.shard_weights.as_deref()
     }
 
+    /// The largest coalesced parameter transfer to a replica on another device, in bytes.
+    pub fn bucket_size(&self) -> usize {
+        self.bucket_size
+    }
+
+    /// Turns the per-step [`StepProfile`] on or off (off by default; shared with clones of the
+    /// wrapper and with its `valid()` copy).
+    ///
+    /// While on, each stage ends by synchronising the devices it used, so that its time is
+    /// the device's: steps run slower and the stages no longer overlap. While off, a forward
+    /// pays one atomic load.
+    pub fn set_profiling(&self, enabled: bool) {
+        self.profiler.set_enabled(enabled);
+    }
+
+    /// Whether steps are being profiled.
+    pub fn is_profiling(&self) -> bool {
+        self.profiler.is_enabled()
+    }
+
+    /// The profile of the last forward taken while profiling was on, including the gradient
+    /// transfers of its backward once that has run; `None` before the first such forward.
+    pub fn profile(&self) -> Option<StepProfile> {
+        self.profiler.last()
+    }
+
     /// How `input` would be split: one entry per replica that receives items.
     ///
     /// # Errors
@@ -223,6 +258,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// returns it, and as the bare model's forward would on misuse.
     pub fn forward(&self, input: M::Input) -> M::Output
     where
+        B: ConcatBackend,
         M: Forward<B>,
     {
         self.try_forward(input)
@@ -236,6 +272,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of [`try_forward_with`](Self::try_forward_with).
     pub fn try_forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
     where
+        B: ConcatBackend,
         M: Forward<B>,
     {
         self.try_forward_with(input, |replica, shard| {
@@ -260,6 +297,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// [`try_forward_with`](Self::try_forward_with) returns it.
     pub fn forward_with<I, O, F>(&self, input: I, forward: F) -> O
     where
+        B: ConcatBackend,
         I: Scatter<B> + Send,
         O: Gather<B> + Send,
         F: Fn(&M, I) -> O + Sync,
@@ -283,21 +321,42 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// # Errors
     ///
     /// Those of [`shards`](Self::shards) for a bad input;
+    /// [`DataParallelError::DeviceTransfersUnsupported`] for distinct devices on a backend that
+    /// cannot move tensors between them;
     /// [`DataParallelError::ReplicaPanicked`] when a replica panics and
     /// [`DataParallelError::ReplicaFailed`] when one returns an error (the first replica that
     /// failed, by position); those of [`Gather::gather`] when the outputs disagree. The wrapper
     /// stays usable after an error.
     pub fn try_forward_with<I, O, E, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
     where
+        B: ConcatBackend,
         I: Scatter<B> + Send,
         O: Gather<B> + Send,
         E: Into<BoxError>,
         F: Fn(&M, I) -> Result<O, E> + Sync,
     {
         let shards = self.shards(&input)?;
-        let forward = |replica: &M, shard: I| forward(replica, shard).map_err(Into::into);
-        let inputs = input.scatter(&shards);
-        let replicas = replicate(&self.module, shards.devices());
+        if !B::device_transfers() && shards.devices().iter().any(|d| *d != self.output_device) {
+            return Err(DataParallelError::DeviceTransfersUnsupported {
+                devices: format!("{:?}", self.devices),
+            });
+        }
+        let sink = self.profiler.start(shards.len());
+        let sink = sink.as_ref();
+        let devices = shards.devices();
+        let mut involved = devices.to_vec();
+        involved.push(self.output_device.clone());
+        let forward = |replica: &M, (shard, input): (usize, I)| {
+            profile::replica::<B, _>(sink, shard, &devices[shard], || {
+                forward(replica, input).map_err(Into::into)
+            })
+        };
+        let inputs =
+            profile::stage::<B, _>(sink, Stage::Scatter, &involved, || input.scatter(&shards));
+        let inputs = inputs.into_iter().enumerate();
+        let replicas = profile::stage::<B, _>(sink, Stage::Replicate, &involved, || {
+            replicate_with_buckets(&self.module, devices, self.bucket_size)
+        });
         let results = match &self.workers {
             Some(workers) if shards.len() > 1 => {
                 let jobs = shards.replicas().iter().copied().zip(replicas).zip(inputs);
@@ -316,12 +375,14 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             .enumerate()
             .map(|(i, result)| {
                 result.map_err(|failure| {
-                    let device = format!("{:?}", shards.devices()[i]);
+                    let device = format!("{:?}", devices[i]);
                     failure.into_error(shards.replicas()[i], device)
                 })
             })
             .collect::<Result<Vec<O>, _>>()?;
-        O::gather(outputs, &shards)
+        profile::stage::<B, _>(sink, Stage::Gather, &involved, || {
+            O::gather(outputs, &shards)
+        })
     }
 
     /// Folds the replicas' pending running-state updates (batch-norm statistics) into the

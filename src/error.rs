@@ -41,6 +41,16 @@ pub enum DataParallelError {
         devices: String,
     },
 
+    /// The devices are distinct but the backend cannot move tensors between them.
+    #[error(
+        "the backend cannot move tensors between the distinct devices {devices} (Burn 0.21 \
+         implements device-to-device transfers on CUDA only); list one device, or use CUDA"
+    )]
+    DeviceTransfersUnsupported {
+        /// The device list.
+        devices: String,
+    },
+
     /// The output device index is past the end of the device list.
     #[error("output device index {index} is out of range for {len} devices")]
     OutputDeviceIndex {

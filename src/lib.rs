@@ -19,9 +19,11 @@
 //! - [`Scatter`] splits tensors along `dim` and walks tuples, `Vec`, arrays, `Option` and user
 //!   structs ([`impl_scatter!`]); other values ([`Shared`], numbers, strings) go to every
 //!   replica unchanged.
-//! - [`replicate()`] shares parameters with replicas on the same device and moves them with a
-//!   differentiable `to_device` to other devices, so gradients of all replicas sum into the
-//!   original parameters.
+//! - [`replicate()`] shares parameters with replicas on the same device (no copy) and moves
+//!   them to other devices in coalesced buckets ([`DataParallelConfig::bucket_size`], 25 MiB by
+//!   default): each bucket is one flat buffer, one transfer out and, in the backward, one
+//!   transfer of its gradients back, so gradients of all replicas sum into the original
+//!   parameters in a few large transfers instead of one per parameter tensor.
 //! - Replicas run on long-lived worker threads, one per entry of the device list, so that
 //!   Burn's per-thread state (batch-norm running statistics, CubeCL streams) stays bounded and
 //!   correct. A panic or error in a replica comes back as a [`DataParallelError`] naming the
@@ -76,6 +78,74 @@
 //! ```
 //!
 #![cfg_attr(feature = "train", doc = include_str!("docs/learner.md"))]
+//!
+//! # Where a step's time goes
+//!
+//! [`DataParallel::set_profiling`] turns on a per-step [`StepProfile`]: the time of the
+//! scatter, the replication, each replica's forward, the gather and the backward's gradient
+//! transfers, and the bytes each moved between devices. Each stage ends by synchronising its
+//! devices, so the times are device times and a profiled step runs slower; when off, a step
+//! pays one atomic load.
+//!
+//! ```
+//! # use burn::backend::{Autodiff, Flex};
+//! # use burn::nn::{Linear, LinearConfig};
+//! # use burn::tensor::Tensor;
+//! # use burn_dataparallel::DataParallel;
+//! # type B = Autodiff<Flex>;
+//! # let device = Default::default();
+//! # let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+//! let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+//! dp.set_profiling(true);
+//! let output = dp.forward_with(Tensor::<B, 2>::ones([6, 8], &device), |m, x| m.forward(x));
+//! output.sum().backward();
+//! println!("{}", dp.profile().unwrap()); // scatter 0.004 ms, replicate 0.021 ms, ...
+//! ```
+//!
+//! # Cold start
+//!
+//! On a GPU backend the first step of every new shape compiles kernels and autotunes them;
+//! on a fresh machine that is seconds to minutes before anything visible happens.
+//! [`DataParallel::warm_up`] runs one forward and backward of a sample batch on every replica,
+//! so that this cost is paid, and reported, before training:
+//!
+//! ```
+//! # use burn::backend::{Autodiff, Flex};
+//! # use burn::nn::{Linear, LinearConfig};
+//! # use burn::tensor::Tensor;
+//! # use burn_dataparallel::DataParallel;
+//! # type B = Autodiff<Flex>;
+//! # let device = Default::default();
+//! # let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+//! let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+//! let sample = Tensor::<B, 2>::zeros([64, 8], &device); // a batch of the training size
+//! let warm = dp.warm_up(sample, |m, x| m.forward(x).mean()).unwrap();
+//! println!("kernels ready after {:.1} s", warm.total().as_secs_f64());
+//! ```
+//!
+//! Replicas of equal shard size share compiled kernels: even shards differ by at most one
+//! item, so a batch gives at most two shard shapes, and a batch size divisible by the device
+//! count gives one. The replicas compile at the same time on their worker threads.
+//!
+//! CubeCL keeps two caches, configured by a `cubecl.toml` (or a `[cubecl]` section of
+//! `burn.toml`) found in the working directory or a parent:
+//!
+//! - autotune results, on by default, in `target/autotune/` of the nearest folder with a
+//!   `Cargo.toml` (else the user cache directory, `~/.cache/cubecl` on Linux);
+//! - compiled kernels, **off by default**; turn it on with
+//!
+//! ```toml
+//! [compilation]
+//! cache = "target"   # or "local" (working directory), "global", or { file = "/path" }
+//!
+//! [autotune]
+//! cache = "target"
+//! level = "balanced" # "minimal" tunes far less, for tests and first runs
+//! ```
+//!
+//! Keep those folders between runs (and ship them with a deployed binary) and a later process
+//! skips both compilation and tuning for shapes it has seen; `CUBECL_AUTOTUNE_LEVEL=minimal`
+//! shortens a fresh run's tuning at some cost in kernel choice.
 //!
 //! # Coming from `torch.nn.DataParallel`
 //!
@@ -132,19 +202,23 @@ mod macros;
 mod module;
 mod ops;
 mod parallel_apply;
+mod profile;
 mod replicate;
 mod scatter;
 mod shards;
 #[cfg(feature = "train")]
 mod train;
+mod warm_up;
 
 pub use config::DataParallelConfig;
 pub use data_parallel::{DataParallel, Forward};
 pub use error::{BoxError, DataParallelError};
 pub use gather::{Gather, Mean, Sum};
 pub use kernels::{ConcatBackend, DataParallelBackend};
-pub use replicate::replicate;
+pub use profile::StepProfile;
+pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};
 pub use scatter::{Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
 #[cfg(feature = "train")]
 pub use train::StepOutput;
+pub use warm_up::WarmUp;

@@ -21,6 +21,8 @@ impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
             dim: self.dim,
             shard_weights: self.shard_weights.clone(),
             workers: self.workers.clone(),
+            bucket_size: self.bucket_size,
+            profiler: self.profiler.clone(),
         }
     }
 }
@@ -33,6 +35,8 @@ impl<B: Backend, M: core::fmt::Debug> core::fmt::Debug for DataParallel<B, M> {
             .field("output_device", &self.output_device)
             .field("dim", &self.dim)
             .field("shard_weights", &self.shard_weights)
+            .field("bucket_size", &self.bucket_size)
+            .field("profiling", &self.profiler.is_enabled())
             .finish()
     }
 }
@@ -92,6 +96,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             dim: self.dim,
             shard_weights: self.shard_weights.clone(),
             workers: self.workers.clone(),
+            bucket_size: self.bucket_size,
+            profiler: self.profiler.clone(),
         }
     }
 
@@ -103,6 +109,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             dim: inner.dim,
             shard_weights: inner.shard_weights,
             workers: inner.workers,
+            bucket_size: inner.bucket_size,
+            profiler: inner.profiler,
         }
     }
 }

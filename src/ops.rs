@@ -38,6 +38,8 @@ pub(crate) fn move_to<B: Backend, const D: usize, K: BasicOps<B>>(
     if tensor.device() == *device {
         tensor
     } else {
+        let bytes = tensor.shape().num_elements() * tensor.dtype().size();
+        crate::profile::count_move(bytes as u64);
         tensor.to_device(device)
     }
 }

@@ -1,16 +1,23 @@
 //! Differentiable copies of a module, one per replica.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{Bool, FloatDType, Int, Tensor, backend::Backend};
+use std::collections::HashMap;
 
-use crate::ops;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorPrimitive, backend::Backend};
+
+use crate::kernels::{self, ConcatBackend};
+use crate::{ops, profile};
+
+/// Default size of one coalesced parameter transfer: 25 MiB.
+pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
 
 /// One copy of `module` per device, each with its parameters on that device.
 ///
 /// A copy on the device that already holds a parameter shares that parameter's data (no
-/// copy); a copy on another device moves it with `to_device`, whose backward moves the
-/// gradient back. Under an autodiff backend every replica's gradient sums into the original
-/// parameters.
+/// copy). Copies on another device receive the parameters in coalesced transfers of about
+/// [`DEFAULT_BUCKET_SIZE`] bytes (see [`replicate_with_buckets`]); replicas that share a device
+/// share one transfer. Under an autodiff backend every replica's gradient sums into the
+/// original parameters, and the gradients of a transfer come back as one buffer.
 ///
 /// Under an autodiff backend, every trainable parameter is first given a graph node on the
 /// calling thread (a free reshape to its own shape), and all these nodes are joined into one
@@ -18,7 +25,35 @@ use crate::ops;
 /// and never merge two graphs: Burn 0.21's graph locator can lose a node registered by one
 /// thread while another thread merges that node's graph (missing or wrong gradients). A
 /// single replica runs on the calling thread and needs no anchoring.
-pub fn replicate<B: Backend, M: Module<B>>(module: &M, devices: &[B::Device]) -> Vec<M> {
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn_dataparallel::replicate;
+///
+/// let device = Default::default();
+/// let model: Linear<Flex> = LinearConfig::new(4, 2).init(&device);
+/// let replicas = replicate(&model, &[device, device]);
+/// assert_eq!(replicas.len(), 2);
+/// ```
+pub fn replicate<B: ConcatBackend, M: Module<B>>(module: &M, devices: &[B::Device]) -> Vec<M> {
+    replicate_with_buckets(module, devices, DEFAULT_BUCKET_SIZE)
+}
+
+/// [`replicate`] with coalesced transfers of at most `bucket_size` bytes.
+///
+/// The float parameters bound for another device are grouped, in module order, by dtype and
+/// by whether they require a gradient; each group is cut into buckets of at most
+/// `bucket_size` bytes (a larger parameter gets a bucket of its own), and each bucket moves
+/// as one flat buffer ([`kernels::coalesce`] then [`kernels::move_split`]). A `bucket_size` of
+/// zero moves every parameter on its own. Int and bool parameters move one by one.
+pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
+    module: &M,
+    devices: &[B::Device],
+    bucket_size: usize,
+) -> Vec<M> {
     let module = match devices.len() {
         1 => module.clone(),
         _ => {
@@ -28,10 +63,129 @@ pub fn replicate<B: Backend, M: Module<B>>(module: &M, devices: &[B::Device]) ->
             module
         }
     };
+    let mut copies: Vec<(&B::Device, M)> = Vec::new();
     devices
         .iter()
-        .map(|device| module.clone().map(&mut MoveTo { device }))
+        .map(|device| match copies.iter().find(|(d, _)| *d == device) {
+            Some((_, copy)) => copy.clone(),
+            None => {
+                let copy = move_coalesced(&module, device, bucket_size);
+                copies.push((device, copy.clone()));
+                copy
+            }
+        })
         .collect()
+}
+
+/// A float parameter bound for another device, flattened.
+struct Outgoing<B: Backend> {
+    id: ParamId,
+    flat: Tensor<B, 1>,
+    dtype: DType,
+    tracked: bool,
+}
+
+/// The buckets for parameters of `(dtype, tracked, bytes)`: groups of positions, in order.
+///
+/// Parameters with the same dtype and tracking are packed in order into buckets of at most
+/// `bucket_size` bytes; a parameter larger than that gets a bucket of its own.
+pub(crate) fn plan_buckets(params: &[(DType, bool, usize)], bucket_size: usize) -> Vec<Vec<usize>> {
+    let mut groups: Vec<((DType, bool), Vec<usize>)> = Vec::new();
+    for (i, (dtype, tracked, _)) in params.iter().enumerate() {
+        let key = (*dtype, *tracked);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    let mut buckets = Vec::new();
+    for (_, members) in groups {
+        let mut bucket: Vec<usize> = Vec::new();
+        let mut bytes = 0;
+        for i in members {
+            let size = params[i].2;
+            if !bucket.is_empty() && bytes + size > bucket_size {
+                buckets.push(std::mem::take(&mut bucket));
+                bytes = 0;
+            }
+            bucket.push(i);
+            bytes += size;
+        }
+        if !bucket.is_empty() {
+            buckets.push(bucket);
+        }
+    }
+    buckets
+}
+
+/// A copy of `module` on `device`, float parameters moved in coalesced buckets.
+fn move_coalesced<B: ConcatBackend, M: Module<B>>(
+    module: &M,
+    device: &B::Device,
+    bucket_size: usize,
+) -> M {
+    move_coalesced_inner(module, device, bucket_size, true)
+}
+
+/// [`move_coalesced`]; `skip_local: false` sends even parameters already on `device` through
+/// the buckets, so that one-device tests run the whole transfer path.
+fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
+    module: &M,
+    device: &B::Device,
+    bucket_size: usize,
+    skip_local: bool,
+) -> M {
+    let mut collect = Collect {
+        device,
+        skip_local,
+        outgoing: Vec::new(),
+    };
+    module.visit(&mut collect);
+    let outgoing = collect.outgoing;
+    let layout: Vec<(DType, bool, usize)> = outgoing
+        .iter()
+        .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
+        .collect();
+    let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
+    for bucket in plan_buckets(&layout, bucket_size) {
+        let counts: Vec<usize> = bucket.iter().map(|&i| outgoing[i].flat.dims()[0]).collect();
+        let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
+        let buffer = kernels::coalesce(flats);
+        let bytes: usize = bucket.iter().map(|&i| layout[i].2).sum();
+        profile::count_move(bytes as u64);
+        profile::count_broadcast_transfer();
+        let pieces = kernels::move_split(buffer, &counts, device);
+        for (&i, piece) in bucket.iter().zip(pieces) {
+            arrived.insert(outgoing[i].id, piece);
+        }
+    }
+    module.clone().map(&mut MoveTo { device, arrived })
+}
+
+/// Flattens every non-empty float parameter that is not on `device` yet.
+struct Collect<'a, B: Backend> {
+    device: &'a B::Device,
+    skip_local: bool,
+    outgoing: Vec<Outgoing<B>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        let elements = tensor.shape().num_elements();
+        if elements == 0 || (self.skip_local && tensor.device() == *self.device) {
+            return;
+        }
+        let TensorPrimitive::Float(_) = tensor.clone().into_primitive() else {
+            return; // Quantized parameters move on their own.
+        };
+        self.outgoing.push(Outgoing {
+            id: param.id,
+            dtype: tensor.dtype(),
+            tracked: tensor.is_require_grad(),
+            flat: tensor.reshape([elements]),
+        });
+    }
 }
 
 /// Initialises every lazy parameter of `module` in place.
@@ -106,13 +260,18 @@ impl<B: Backend> ModuleMapper<B> for Anchor<B> {
     }
 }
 
-struct MoveTo<'a, D> {
-    device: &'a D,
+/// Puts the moved float parameters in place and moves the rest one by one.
+struct MoveTo<'a, B: Backend> {
+    device: &'a B::Device,
+    arrived: HashMap<ParamId, Tensor<B, 1>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for MoveTo<'_, B::Device> {
+impl<B: Backend> ModuleMapper<B> for MoveTo<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        param.map(|tensor| ops::move_to(tensor, self.device))
+        match self.arrived.remove(&param.id) {
+            Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),
+            None => param.map(|tensor| ops::move_to(tensor, self.device)),
+        }
     }
 
     fn map_int<const D: usize>(
@@ -127,5 +286,186 @@ impl<B: Backend> ModuleMapper<B> for MoveTo<'_, B::Device> {
         param: Param<Tensor<B, D, Bool>>,
     ) -> Param<Tensor<B, D, Bool>> {
         param.map(|tensor| ops::move_to(tensor, self.device))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    const F32: DType = DType::F32;
+
+    #[test]
+    fn buckets_pack_in_order_up_to_the_size() {
+        let params = [
+            (F32, true, 40),
+            (F32, true, 40),
+            (F32, true, 30),
+            (F32, true, 10),
+        ];
+        assert_eq!(plan_buckets(&params, 80), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(plan_buckets(&params, 1000), vec![vec![0, 1, 2, 3]]);
+    }
+
+    #[test]
+    fn a_parameter_larger_than_the_size_gets_its_own_bucket() {
+        let params = [(F32, true, 10), (F32, true, 500), (F32, true, 10)];
+        assert_eq!(plan_buckets(&params, 100), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn size_zero_moves_every_parameter_alone() {
+        let params = [(F32, true, 4); 3];
+        assert_eq!(plan_buckets(&params, 0), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn buckets_never_mix_dtypes_or_tracking() {
+        let params = [
+            (F32, true, 4),
+            (DType::BF16, true, 2),
+            (F32, false, 4),
+            (F32, true, 4),
+            (DType::BF16, true, 2),
+        ];
+        assert_eq!(
+            plan_buckets(&params, 1 << 20),
+            vec![vec![0, 3], vec![1, 4], vec![2]]
+        );
+    }
+
+    #[test]
+    fn every_parameter_is_in_exactly_one_bucket() {
+        let params: Vec<(DType, bool, usize)> = (0..50)
+            .map(|i| {
+                (
+                    if i % 7 == 0 { DType::F16 } else { F32 },
+                    i % 5 != 0,
+                    4 * (1 + i * 13 % 17),
+                )
+            })
+            .collect();
+        for size in [0, 1, 16, 100, 1000] {
+            let mut seen: Vec<usize> = plan_buckets(&params, size).concat();
+            seen.sort();
+            assert_eq!(seen, (0..50).collect::<Vec<_>>(), "bucket size {size}");
+        }
+    }
+
+    type B = Autodiff<Flex>;
+
+    #[derive(Module, Debug)]
+    struct Mlp<B: Backend> {
+        first: burn::nn::Linear<B>,
+        second: burn::nn::Linear<B>,
+    }
+
+    impl<B: Backend> Mlp<B> {
+        fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+            self.second.forward(self.first.forward(x).tanh())
+        }
+    }
+
+    /// A whole module through the buckets (forced on one device): the copy computes the same
+    /// output bit for bit, the original parameters get the same gradients, and the profile
+    /// counts one transfer per bucket each way.
+    #[test]
+    fn a_module_moved_in_buckets_trains_like_the_original() {
+        use crate::profile::{Profiler, Stage, stage};
+        use burn::nn::LinearConfig;
+
+        let device = Default::default();
+        let mut model = Mlp::<B> {
+            first: LinearConfig::new(6, 16).init(&device),
+            second: LinearConfig::new(16, 3).init(&device),
+        };
+        // A frozen parameter travels in a bucket of its own and gains no gradient.
+        model.second.weight = model.second.weight.set_require_grad(false);
+        let x = Tensor::<B, 2>::from_floats([[0.5, -1.0, 2.0, 0.0, 1.5, -0.25]; 3], &device);
+
+        let profiler = Profiler::default();
+        profiler.set_enabled(true);
+        let sink = profiler.start(1);
+        // 256-byte buckets: [first.weight 384 B], [first.bias 64 B, second.bias 12 B] tracked,
+        // [second.weight 192 B] frozen.
+        let copy = stage::<B, _>(sink.as_ref(), Stage::Replicate, &[device], || {
+            move_coalesced_inner(&model, &device, 256, false)
+        });
+        let output = copy.forward(x.clone());
+        let expected = model.forward(x);
+        assert_eq!(output.to_data(), expected.to_data());
+
+        let grads = (output.clone() * output).sum().backward();
+        let reference = (expected.clone() * expected).sum().backward();
+        let weight = model.first.weight.val();
+        assert_eq!(
+            weight.grad(&grads).unwrap().to_data(),
+            weight.grad(&reference).unwrap().to_data()
+        );
+        let biases = [
+            model.first.bias.as_ref().unwrap().val(),
+            model.second.bias.as_ref().unwrap().val(),
+        ];
+        for (i, param) in biases.iter().enumerate() {
+            let got = param.grad(&grads).expect("gradient");
+            let want = param.grad(&reference).expect("gradient");
+            assert_eq!(got.to_data(), want.to_data(), "bias {i}");
+        }
+        assert!(model.second.weight.val().grad(&grads).is_none());
+        assert!(!copy.second.weight.val().is_require_grad());
+
+        let profile = profiler.last().unwrap();
+        assert_eq!(profile.bytes_broadcast, 4 * (96 + 16 + 48 + 3));
+        assert_eq!(profile.broadcast_transfers, 3);
+        assert_eq!(profile.bytes_reduced, 4 * (96 + 16 + 3));
+        assert_eq!(profile.reduce_transfers, 2);
+    }
+
+    /// Coalesce then move-split round-trips values bit for bit, and the gradients that come back
+    /// through one buffer equal those of the same loss on the original tensors (zero for an
+    /// unused piece).
+    #[test]
+    fn coalesced_transfer_round_trips_values_and_gradients() {
+        let device = Default::default();
+        let shapes: [&[usize]; 4] = [&[3, 5], &[7], &[2, 3, 4], &[1]];
+        let params: Vec<Tensor<B, 1>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| {
+                let n: usize = shape.iter().product();
+                let values: Vec<f32> = (0..n).map(|j| ((i * 31 + j) as f32).sin() * 3.7).collect();
+                Tensor::<B, 1>::from_floats(values.as_slice(), &device).require_grad()
+            })
+            .collect();
+        let counts: Vec<usize> = params.iter().map(|p| p.dims()[0]).collect();
+        let buffer = kernels::coalesce(params.clone());
+        let pieces = kernels::move_split(buffer, &counts, &device);
+        for (piece, param) in pieces.iter().zip(&params) {
+            let (a, b) = (piece.to_data(), param.to_data());
+            assert_eq!(a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
+        }
+        // Piece 2 is unused; pieces 0 and 3 are used twice.
+        let loss = |ts: &[Tensor<B, 1>]| {
+            (ts[0].clone() * ts[0].clone()).sum()
+                + ts[1].clone().exp().sum()
+                + ts[3].clone() * 5.0
+                + ts[0].clone().sum() * ts[3].clone()
+        };
+        let grads = loss(&pieces).backward();
+        let reference = loss(&params).backward();
+        for (i, param) in params.iter().enumerate() {
+            let got = param.grad(&grads).expect("every parameter gets a gradient");
+            let want = match param.grad(&reference) {
+                Some(want) => want,
+                None => param.clone().inner().zeros_like(),
+            };
+            let (got, want) = (got.to_data(), want.to_data());
+            assert_eq!(
+                got.as_slice::<f32>().unwrap(),
+                want.as_slice::<f32>().unwrap(),
+                "parameter {i}"
+            );
+        }
     }
 }

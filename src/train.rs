@@ -29,7 +29,7 @@ pub trait StepOutput<B: Backend> {
 
 impl<B, M> TrainStep for DataParallel<B, M>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + ConcatBackend,
     M: Forward<B> + AutodiffModule<B>,
     M::Input: 'static,
     M::Output: StepOutput<B> + ItemLazy + 'static,
@@ -52,7 +52,7 @@ where
 
 impl<B, M> InferenceStep for DataParallel<B, M>
 where
-    B: Backend,
+    B: ConcatBackend,
     M: Forward<B> + Module<B>,
     M::Input: 'static,
     M::Output: ItemLazy + 'static,

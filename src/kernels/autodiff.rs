@@ -1,5 +1,10 @@
 //! [`ConcatBackend`] for `Autodiff`: the backward of a concatenation splits the gradient, and
-//! the backward of each split piece concatenates its gradient with zeros for the others.
+//! the backward of each split piece concatenates its gradient with zeros for the others. The
+//! backward of a coalesced transfer ([`ConcatBackend::float_move_split`]) collects all the
+//! pieces' gradients into one buffer and moves it back in one transfer.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -10,6 +15,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{FloatDType, TensorMetadata};
 
 use super::ConcatBackend;
+use crate::profile::{self, Sink};
 
 /// Largest number of inputs one tracked concatenation takes; more are concatenated in groups.
 const MAX_TRACKED_INPUTS: usize = 16;
@@ -62,6 +68,90 @@ impl<B: ConcatBackend> Backward<B, 1> for SplitBackward {
             parts.push(zeros(after));
         }
         grads.register::<B>(parent.id, B::float_concat(parts, dim));
+    }
+}
+
+/// The gradients of a coalesced transfer's pieces, collected until the transfer's own
+/// backward step moves them back together.
+struct Bucket<B: ConcatBackend> {
+    grads: Mutex<Vec<Option<FloatTensor<B>>>>,
+}
+
+impl<B: ConcatBackend> std::fmt::Debug for Bucket<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Bucket")
+    }
+}
+
+#[derive(Debug)]
+struct PieceBackward;
+
+impl<B: ConcatBackend> Backward<B, 1> for PieceBackward {
+    /// The transfer's bucket and the piece's position in it.
+    type State = (Arc<Bucket<B>>, usize);
+
+    /// Stores the piece's gradient; every piece's step runs before the transfer's step, which
+    /// is their parent and one level shallower in the graph.
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (bucket, index) = ops.state;
+        let mut stored = bucket.grads.lock().unwrap_or_else(|e| e.into_inner());
+        stored[index] = Some(match stored[index].take() {
+            Some(previous) => B::float_add(previous, grad),
+            None => grad,
+        });
+    }
+}
+
+/// What the backward of a coalesced transfer needs.
+#[derive(Debug, Clone)]
+struct MoveState<B: ConcatBackend> {
+    source: B::Device,
+    counts: Vec<usize>,
+    bucket: Arc<Bucket<B>>,
+    sink: Option<Arc<Sink>>,
+}
+
+#[derive(Debug)]
+struct MoveBackward;
+
+impl<B: ConcatBackend> Backward<B, 1> for MoveBackward {
+    type State = MoveState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let state = ops.state;
+        let pieces: Vec<_> =
+            std::mem::take(&mut *state.bucket.grads.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(parent) = parent else { return };
+        let Some(first) = pieces.iter().flatten().next() else {
+            return;
+        };
+        let device = B::float_device(first);
+        let dtype = FloatDType::from(first.dtype());
+        let start = state.sink.as_ref().map(|_| {
+            profile::synchronize::<B>(std::slice::from_ref(&device));
+            Instant::now()
+        });
+        let parts = pieces
+            .into_iter()
+            .zip(&state.counts)
+            .map(|(grad, &count)| match grad {
+                Some(grad) => B::float_reshape(grad, [count].into()),
+                None => B::float_zeros([count].into(), &device, dtype),
+            })
+            .collect();
+        let buffer = B::float_concat(parts, 0);
+        let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
+        let moved = B::float_to_device(buffer, &state.source);
+        if let (Some(sink), Some(start)) = (&state.sink, start) {
+            profile::synchronize::<B>(std::slice::from_ref(&state.source));
+            let mut profile = sink.lock();
+            profile.backward_transfers += start.elapsed();
+            profile.bytes_reduced += bytes;
+            profile.reduce_transfers += 1;
+        }
+        grads.register::<B>(parent.id, moved);
     }
 }
 
@@ -140,5 +230,50 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
 
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         B::int_split(tensor, sizes, dim)
+    }
+
+    fn device_transfers() -> bool {
+        B::device_transfers()
+    }
+
+    fn float_move_split(
+        buffer: FloatTensor<Self>,
+        counts: &[usize],
+        device: &Self::Device,
+    ) -> Vec<FloatTensor<Self>> {
+        let source = B::float_device(&buffer.primitive);
+        let moved = B::float_to_device(buffer.primitive, device);
+        let pieces = B::float_split(moved.clone(), counts, 0);
+        let bucket = Arc::new(Bucket {
+            grads: Mutex::new(vec![None; counts.len()]),
+        });
+        let state = MoveState {
+            source,
+            counts: counts.to_vec(),
+            bucket: bucket.clone(),
+            sink: profile::active_sink(),
+        };
+        let moved = match MoveBackward
+            .prepare::<C>([buffer.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, moved),
+            OpsKind::UnTracked(prep) => prep.finish(moved),
+        };
+        pieces
+            .into_iter()
+            .enumerate()
+            .map(|(index, piece)| {
+                match PieceBackward
+                    .prepare::<C>([moved.node.clone()])
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish((bucket.clone(), index), piece),
+                    OpsKind::UnTracked(prep) => prep.finish(piece),
+                }
+            })
+            .collect()
     }
 }

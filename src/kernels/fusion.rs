@@ -2,6 +2,7 @@
 //! custom operations and runs the inner backend's kernels when it executes them.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_cubecl::cubecl::server::ServerCommunication;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
@@ -34,6 +35,10 @@ where
 
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         split::split(tensor, sizes, dim)
+    }
+
+    fn device_transfers() -> bool {
+        <R::Server as ServerCommunication>::SERVER_COMM_ENABLED
     }
 }
 
@@ -174,5 +179,9 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
 
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         record_split::<B>(tensor, sizes, dim, Kind::Int)
+    }
+
+    fn device_transfers() -> bool {
+        B::device_transfers()
     }
 }

@@ -8,8 +8,8 @@
 //! them custom backward steps (the backward of a concatenation is a split and the other way
 //! round), and other backends use Burn's own operations.
 //!
-//! [`concat()`], [`split()`], [`coalesce()`] and [`uncoalesce()`] are the tensor-level entry
-//! points.
+//! [`concat()`], [`split()`], [`coalesce()`], [`uncoalesce()`] and [`move_split()`] are the
+//! tensor-level entry points.
 //!
 //! Implemented for CubeCL backends and `Fusion` (feature `cubecl`), Flex (`flex`), NdArray
 //! (`ndarray`) and `Autodiff` over any of them; another backend gets Burn's own operations
@@ -77,6 +77,31 @@ pub trait ConcatBackend: Backend {
         slices(&shape, sizes, dim)
             .map(|slices| Self::int_slice(tensor.clone(), &slices))
             .collect()
+    }
+
+    /// Whether tensors can move between two distinct devices of this backend.
+    ///
+    /// False where Burn 0.21's `to_device` between two devices is not implemented: CubeCL
+    /// runtimes without device-to-device communication (wgpu, HIP, CPU). True by default.
+    fn device_transfers() -> bool {
+        true
+    }
+
+    /// Moves a flat float buffer to `device` in one transfer and cuts it there into flat pieces
+    /// of `counts` elements: the receiving half of a coalesced transfer.
+    ///
+    /// Under `Autodiff`, the backward collects the pieces' gradients into one buffer (zeros for
+    /// pieces without a gradient) and moves it back in one transfer.
+    ///
+    /// # Panics
+    ///
+    /// If `buffer` is not of rank 1 or the counts do not sum to its length.
+    fn float_move_split(
+        buffer: FloatTensor<Self>,
+        counts: &[usize],
+        device: &Self::Device,
+    ) -> Vec<FloatTensor<Self>> {
+        Self::float_split(Self::float_to_device(buffer, device), counts, 0)
     }
 }
 
@@ -295,6 +320,58 @@ pub fn uncoalesce<B: Backend, K: ConcatKind<B>>(
     counts: &[usize],
 ) -> Vec<Tensor<B, 1, K>> {
     split(buffer, counts, 0)
+}
+
+/// Moves a flat buffer made by [`coalesce()`] to `device` in one transfer and cuts it there
+/// into flat tensors of the given element counts.
+///
+/// The backward (under an autodiff backend) moves all the pieces' gradients back in one
+/// transfer: together with [`coalesce()`], parameters go out and gradients come back as one
+/// buffer each instead of one transfer per tensor.
+///
+/// # Shapes
+///
+/// - buffer: `[sum(counts)]`
+/// - piece `i`: `[counts[i]]`
+///
+/// # Panics
+///
+/// If the counts do not sum to the buffer's length.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::kernels::{coalesce, move_split};
+///
+/// let device = Default::default();
+/// let weight = Tensor::<Flex, 2>::ones([2, 3], &device);
+/// let bias = Tensor::<Flex, 1>::zeros([3], &device);
+/// let buffer = coalesce(vec![weight.reshape([6]), bias]);
+/// let pieces = move_split(buffer, &[6, 3], &device);
+/// assert_eq!(pieces[0].clone().reshape([2, 3]).dims(), [2, 3]);
+/// ```
+pub fn move_split<B: ConcatBackend>(
+    buffer: Tensor<B, 1>,
+    counts: &[usize],
+    device: &B::Device,
+) -> Vec<Tensor<B, 1>> {
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        buffer.dims()[0],
+        "counts {counts:?} do not sum to the buffer's length {}",
+        buffer.dims()[0]
+    );
+    match buffer.into_primitive() {
+        TensorPrimitive::Float(float) => B::float_move_split(float, counts, device)
+            .into_iter()
+            .map(|piece| Tensor::from_primitive(TensorPrimitive::Float(piece)))
+            .collect(),
+        quantized => Tensor::<B, 1>::from_primitive(quantized)
+            .to_device(device)
+            .split_with_sizes(counts.to_vec(), 0),
+    }
 }
 
 #[cfg(feature = "flex")]

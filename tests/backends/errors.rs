@@ -24,7 +24,7 @@ fn attempt<B, M, I, O>(
     forward: impl Fn(&M, I) -> O + Sync,
 ) -> Result<O, DataParallelError>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + burn_dataparallel::ConcatBackend,
     M: Module<B>,
     I: Scatter<B> + Send,
     O: Gather<B> + Send,

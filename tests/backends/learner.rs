@@ -136,6 +136,7 @@ impl MetricsRenderer for Silent {
 /// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
 /// leave the parameters where the same training of the bare model leaves them.
 fn learner_matches_bare<B: DataParallelBackend>() {
+    relax_for_adam();
     let device = B::Device::default();
     let loaders = || {
         let train = DataLoaderBuilder::new(ImageBatcher)

@@ -10,6 +10,8 @@ mod common;
 mod batch_norm;
 mod equivalence;
 mod errors;
+#[cfg(feature = "cuda")]
+mod faults;
 #[cfg(feature = "train")]
 mod learner;
 mod training;

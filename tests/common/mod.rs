@@ -207,6 +207,22 @@ pub const CPU_TOLERANCE: f32 = 1e-5;
 /// precisions. Measured on an H200: up to 9e-4 after three Adam steps.
 pub const TF32_TOLERANCE: f32 = 2e-3;
 
+/// Relative tolerance for parameters after several Adam steps on CUDA. Adam divides each
+/// gradient element by its running RMS, so a TF32 rounding difference in a near-zero gradient
+/// element can move that parameter by up to the learning rate per step. Measured on an H200:
+/// 3.6e-3 after three steps (lr 0.05), 1.2e-2 after two Learner epochs (lr 1e-2).
+pub const TF32_ADAM_TOLERANCE: f32 = 3e-2;
+
+/// Widens the tolerance to [`TF32_ADAM_TOLERANCE`] on CUDA (where the tolerance is TF32's);
+/// CPU tolerances stay as they are.
+pub fn relax_for_adam() {
+    TOLERANCE.with(|t| {
+        if t.get() >= TF32_TOLERANCE {
+            t.set(TF32_ADAM_TOLERANCE)
+        }
+    });
+}
+
 thread_local! {
     static TOLERANCE: std::cell::Cell<f32> = const { std::cell::Cell::new(CPU_TOLERANCE) };
 }

@@ -1,0 +1,244 @@
+//! The opt-in stage profile of a [`DataParallel`](crate::DataParallel) step.
+//!
+//! When profiling is on, every forward records how long each stage took and how many bytes it
+//! moved between devices, and the backward of the coalesced parameter transfers adds the time
+//! and bytes of bringing gradients back. When it is off, a forward pays one atomic load.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::Backend;
+
+/// Where one [`DataParallel`](crate::DataParallel) step spent its time, and the bytes it moved
+/// between distinct devices.
+///
+/// Stage times are wall-clock times on the calling thread (the replicas' forwards on their
+/// worker threads), measured with every device involved synchronised at the end of the stage:
+/// they are device times, and a profiled step runs slower than an unprofiled one because the
+/// stages no longer overlap. Replicas that share a device move nothing.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::DataParallel;
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+/// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+/// dp.set_profiling(true);
+///
+/// let output = dp.forward_with(Tensor::<B, 2>::ones([6, 8], &device), |m, x| m.forward(x));
+/// output.sum().backward();
+/// let profile = dp.profile().expect("profiling is on");
+/// assert_eq!(profile.forward.len(), 2);
+/// assert_eq!(profile.bytes_broadcast, 0); // both replicas share the parameters' device
+/// println!("{profile}");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepProfile {
+    /// Splitting the input and moving the shards to their devices.
+    pub scatter: Duration,
+    /// Making the replicas, including the parameter broadcast to other devices.
+    pub replicate: Duration,
+    /// Each replica's forward, by shard.
+    pub forward: Vec<Duration>,
+    /// Moving the outputs to the output device and concatenating them.
+    pub gather: Duration,
+    /// In the backward: collecting the replicas' parameter gradients and moving them back to
+    /// the parameters' device (zero when every replica shares that device).
+    pub backward_transfers: Duration,
+    /// Input bytes moved to other devices by the scatter.
+    pub bytes_scattered: u64,
+    /// Parameter bytes moved to replicas on other devices.
+    pub bytes_broadcast: u64,
+    /// Output bytes moved to the output device by the gather.
+    pub bytes_gathered: u64,
+    /// Gradient bytes moved back to the parameters' device in the backward.
+    pub bytes_reduced: u64,
+    /// Number of parameter transfers (coalesced buckets) to other devices.
+    pub broadcast_transfers: usize,
+    /// Number of gradient transfers (coalesced buckets) back in the backward.
+    pub reduce_transfers: usize,
+}
+
+impl StepProfile {
+    /// The slowest replica's forward.
+    pub fn slowest_forward(&self) -> Duration {
+        self.forward.iter().copied().max().unwrap_or_default()
+    }
+
+    /// Scatter, replicate, the slowest forward and gather: the forward's critical path.
+    pub fn forward_total(&self) -> Duration {
+        self.scatter + self.replicate + self.slowest_forward() + self.gather
+    }
+}
+
+impl std::fmt::Display for StepProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let forwards: Vec<String> = self
+            .forward
+            .iter()
+            .map(|d| format!("{:.3}", ms(*d)))
+            .collect();
+        write!(
+            f,
+            "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, gather {:.3} ms, \
+             backward transfers {:.3} ms; moved {} B scattered, {} B broadcast in {} transfers, \
+             {} B gathered, {} B reduced in {} transfers",
+            ms(self.scatter),
+            ms(self.replicate),
+            forwards.join(", "),
+            ms(self.gather),
+            ms(self.backward_transfers),
+            self.bytes_scattered,
+            self.bytes_broadcast,
+            self.broadcast_transfers,
+            self.bytes_gathered,
+            self.bytes_reduced,
+            self.reduce_transfers,
+        )
+    }
+}
+
+/// A wrapper's profiling switch and the profile of its last step.
+#[derive(Debug, Default)]
+pub(crate) struct Profiler {
+    enabled: AtomicBool,
+    last: Mutex<Option<Arc<Sink>>>,
+}
+
+impl Profiler {
+    pub(crate) fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// A fresh sink for a step about to run, when profiling is on.
+    pub(crate) fn start(&self, shards: usize) -> Option<Arc<Sink>> {
+        if !self.is_enabled() {
+            return None;
+        }
+        let sink = Arc::new(Sink::default());
+        sink.lock().forward = vec![Duration::ZERO; shards];
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink.clone());
+        Some(sink)
+    }
+
+    pub(crate) fn last(&self) -> Option<StepProfile> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref().map(|sink| sink.lock().clone())
+    }
+}
+
+/// The profile one step writes into, shared with the backward steps it creates.
+#[derive(Debug, Default)]
+pub(crate) struct Sink {
+    profile: Mutex<StepProfile>,
+}
+
+impl Sink {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, StepProfile> {
+        self.profile.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A stage of the forward, to which device moves on the calling thread are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Scatter,
+    Replicate,
+    Gather,
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<(Arc<Sink>, Stage)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` as `stage` of a profiled step: device moves made by it are counted, and its
+/// duration (up to `devices` being synchronised) is recorded.
+pub(crate) fn stage<B: Backend, T>(
+    sink: Option<&Arc<Sink>>,
+    stage: Stage,
+    devices: &[B::Device],
+    f: impl FnOnce() -> T,
+) -> T {
+    let Some(sink) = sink else { return f() };
+    let start = Instant::now();
+    ACTIVE.with(|active| *active.borrow_mut() = Some((sink.clone(), stage)));
+    let output = f();
+    ACTIVE.with(|active| *active.borrow_mut() = None);
+    synchronize::<B>(devices);
+    let elapsed = start.elapsed();
+    let mut profile = sink.lock();
+    match stage {
+        Stage::Scatter => profile.scatter += elapsed,
+        Stage::Replicate => profile.replicate += elapsed,
+        Stage::Gather => profile.gather += elapsed,
+    }
+    output
+}
+
+/// Runs replica `shard`'s forward `f`, recording its duration up to `device` being
+/// synchronised.
+pub(crate) fn replica<B: Backend, T>(
+    sink: Option<&Arc<Sink>>,
+    shard: usize,
+    device: &B::Device,
+    f: impl FnOnce() -> T,
+) -> T {
+    let Some(sink) = sink else { return f() };
+    let start = Instant::now();
+    let output = f();
+    synchronize::<B>(std::slice::from_ref(device));
+    sink.lock().forward[shard] = start.elapsed();
+    output
+}
+
+/// Counts `bytes` moved to another device by the current stage, if one is being profiled.
+pub(crate) fn count_move(bytes: u64) {
+    ACTIVE.with(|active| {
+        if let Some((sink, stage)) = active.borrow().as_ref() {
+            let mut profile = sink.lock();
+            match stage {
+                Stage::Scatter => profile.bytes_scattered += bytes,
+                Stage::Replicate => profile.bytes_broadcast += bytes,
+                Stage::Gather => profile.bytes_gathered += bytes,
+            }
+        }
+    });
+}
+
+/// Counts one coalesced parameter transfer of the current stage, if one is being profiled.
+pub(crate) fn count_broadcast_transfer() {
+    ACTIVE.with(|active| {
+        if let Some((sink, _)) = active.borrow().as_ref() {
+            sink.lock().broadcast_transfers += 1;
+        }
+    });
+}
+
+/// The sink of the step being profiled on this thread, for backward steps to write into.
+pub(crate) fn active_sink() -> Option<Arc<Sink>> {
+    ACTIVE.with(|active| active.borrow().as_ref().map(|(sink, _)| sink.clone()))
+}
+
+/// Waits for every device's queued work; errors only make the profile less exact.
+pub(crate) fn synchronize<B: Backend>(devices: &[B::Device]) {
+    let mut seen: Vec<&B::Device> = Vec::new();
+    for device in devices {
+        if !seen.contains(&device) {
+            seen.push(device);
+            let _ = B::sync(device);
+        }
+    }
+}

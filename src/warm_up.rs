@@ -1,0 +1,95 @@
+//! Compiling and tuning every replica's kernels before the first training step.
+
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::kernels::ConcatBackend;
+use crate::profile::synchronize;
+use crate::{DataParallel, DataParallelError, Scatter};
+
+/// What [`DataParallel::warm_up`] did and how long it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmUp {
+    /// Items in each shard of the sample, one entry per replica that ran.
+    pub shard_sizes: Vec<usize>,
+    /// The forward on every replica, up to every device being synchronised.
+    pub forward: Duration,
+    /// The backward, up to every device being synchronised.
+    pub backward: Duration,
+}
+
+impl WarmUp {
+    /// Forward and backward together.
+    pub fn total(&self) -> Duration {
+        self.forward + self.backward
+    }
+}
+
+impl<B: AutodiffBackend + ConcatBackend, M: Module<B>> DataParallel<B, M> {
+    /// Runs one forward and backward of `sample` on every replica and discards the gradients,
+    /// so that CubeCL compiles and tunes the kernels of this shard shape before training.
+    ///
+    /// On a GPU backend the first step of a shape pays for kernel compilation and autotuning
+    /// (seconds to minutes on a fresh cache, see the crate docs on cold start); calling this
+    /// with a batch of the training batch size moves that cost to a point where it can be
+    /// reported. The replicas compile at the same time, each on its own worker thread, and
+    /// share the kernels of equal shard shapes. The parameters are not changed.
+    ///
+    /// `loss` computes a replica's scalar loss from its shard; the losses of all replicas
+    /// are summed for the backward.
+    ///
+    /// # Shapes
+    ///
+    /// - sample: as the forward's input, a full batch
+    /// - `loss` output: `[1]`
+    ///
+    /// # Errors
+    ///
+    /// Those of [`try_forward_with`](Self::try_forward_with).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::tensor::Tensor;
+    /// use burn_dataparallel::DataParallel;
+    ///
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+    /// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+    ///
+    /// let sample = Tensor::<B, 2>::zeros([32, 8], &device);
+    /// let warm = dp.warm_up(sample, |m, x| m.forward(x).mean()).unwrap();
+    /// assert_eq!(warm.shard_sizes, vec![16, 16]);
+    /// println!("warm-up took {:?}", warm.total());
+    /// ```
+    pub fn warm_up<I, F>(&self, sample: I, loss: F) -> Result<WarmUp, DataParallelError>
+    where
+        I: Scatter<B> + Send,
+        F: Fn(&M, I) -> Tensor<B, 1> + Sync,
+    {
+        let shards = self.shards(&sample)?;
+        let mut devices = shards.devices().to_vec();
+        devices.push(self.output_device.clone());
+        let start = Instant::now();
+        let losses = self.try_forward_with(sample, |replica, shard| {
+            Ok::<_, std::convert::Infallible>(loss(replica, shard))
+        })?;
+        synchronize::<B>(&devices);
+        let forward = start.elapsed();
+        let start = Instant::now();
+        let grads = losses.sum().backward();
+        synchronize::<B>(&devices);
+        drop(grads);
+        Ok(WarmUp {
+            shard_sizes: shards.sizes().to_vec(),
+            forward,
+            backward: start.elapsed(),
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! Device moves and the step profile's account of them.
+//!
+//! The coalesced transfer path itself is tested in the crate's unit tests (forced on one
+//! device) and on distinct CUDA devices.
+
+use burn::backend::wgpu::{Wgpu, WgpuDevice};
+use burn::backend::{Autodiff, Flex};
+use std::convert::Infallible;
+
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError};
+
+type B = Autodiff<Wgpu>;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    first: Linear<B>,
+    second: Linear<B>,
+    relu: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            first: LinearConfig::new(6, 16).init(device),
+            second: LinearConfig::new(16, 3).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.second
+            .forward(self.relu.forward(self.first.forward(x)))
+    }
+}
+
+fn input<B: Backend>(device: &B::Device) -> Tensor<B, 2> {
+    let values: Vec<f32> = (0..9 * 6).map(|i| (i as f32 * 0.37).sin()).collect();
+    Tensor::from_data(TensorData::new(values, [9, 6]), device)
+}
+
+fn assert_close<const D: usize>(actual: Tensor<B, D>, expected: Tensor<B, D>, what: &str) {
+    let a = actual.into_data().to_vec::<f32>().unwrap();
+    let e = expected.into_data().to_vec::<f32>().unwrap();
+    assert_eq!(a.len(), e.len(), "{what}: length");
+    for (i, (a, e)) in a.iter().zip(&e).enumerate() {
+        assert!(
+            (a - e).abs() <= 1e-5 * (1.0 + e.abs()),
+            "{what}[{i}]: {a} vs {e}"
+        );
+    }
+}
+
+/// Burn 0.21 moves tensors between two wgpu devices with CubeCL's device-to-device
+/// communication, which wgpu lacks: a step over distinct wgpu devices is refused with a typed
+/// error instead of a panic inside the runtime, and the wrapper stays usable on one device.
+#[test]
+fn distinct_devices_without_transfers_are_refused() {
+    let (home, other) = (WgpuDevice::DefaultDevice, WgpuDevice::Cpu);
+    let model = Mlp::<B>::new(&home);
+    // Parameters are initialised lazily: initialise before cloning, so clones share them.
+    let expected = model.forward(input(&home));
+    let dp = DataParallel::new(model.clone(), vec![home.clone(), other]).unwrap();
+    match dp.try_forward_with(input::<B>(&home), |m, x| Ok::<_, Infallible>(m.forward(x))) {
+        Err(error @ DataParallelError::DeviceTransfersUnsupported { .. }) => {
+            assert!(error.to_string().contains("use CUDA"), "{error}");
+        }
+        other => panic!("expected DeviceTransfersUnsupported, got {other:?}"),
+    }
+    // One shard stays on the output device: nothing to move.
+    let one = dp.forward_with(input::<B>(&home).narrow(0, 0, 1), |m, x| m.forward(x));
+    assert_eq!(one.dims(), [1, 3]);
+
+    let dp = DataParallel::new(model.clone(), vec![home.clone(); 2]).unwrap();
+    let output = dp.forward_with(input::<B>(&home), |m, x| m.forward(x));
+    assert_close(output, expected, "same-device replicas");
+}
+
+#[test]
+fn replicas_on_the_parameters_device_move_nothing() {
+    type F = Autodiff<Flex>;
+    let device = Default::default();
+    let model = Mlp::<F>::new(&device);
+    let dp = DataParallelConfig::new()
+        .with_profile(true)
+        .init(model, vec![device; 4])
+        .unwrap();
+    let output = dp.forward_with(input(&device), |m, x| m.forward(x));
+    output.sum().backward();
+    let profile = dp.profile().unwrap();
+    assert_eq!(profile.bytes_broadcast + profile.bytes_reduced, 0);
+    assert_eq!(profile.broadcast_transfers + profile.reduce_transfers, 0);
+    assert_eq!(profile.bytes_scattered + profile.bytes_gathered, 0);
+    assert_eq!(profile.forward.len(), 4);
+}
+
+#[test]
+fn profiling_is_off_by_default_and_can_be_switched() {
+    let device = Default::default();
+    let model = Mlp::<Autodiff<Flex>>::new(&device);
+    let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+    assert!(!dp.is_profiling());
+    let _ = dp.forward_with(input(&device), |m, x| m.forward(x));
+    assert!(dp.profile().is_none());
+    dp.set_profiling(true);
+    let _ = dp.forward_with(input(&device), |m, x| m.forward(x));
+    let first = dp.profile().unwrap();
+    assert!(first.forward.iter().all(|d| !d.is_zero()));
+    dp.set_profiling(false);
+    let _ = dp.forward_with(input(&device), |m, x| m.forward(x));
+    assert_eq!(dp.profile().unwrap(), first, "the last profiled step stays");
+}
