@@ -3,14 +3,17 @@
 #
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
 #
 # Each check has a time limit (TESTS_LIMIT, BENCH_LIMIT seconds) so that a call ends in time
-# to bring its logs back. BENCH_ARGS picks the bench's backends (fusion, cube, cpu);
-# SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench.
+# to bring its logs back. BENCH_ARGS picks the step-time bench's backends (fusion, cube, cpu),
+# MODELS_ARGS the train-step bench's backends and models (fusion, cube; mlp, resnet18,
+# encoder); SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench. `models`
+# runs the three-model train-step bench and its PyTorch companion, and writes
+# LOG_DIR/train_step.csv, torch_models.csv and train_step.svg.
 #
 # gpu-bundle/ holds the binaries, a cubecl.toml that keeps CubeCL's compilation and autotune
 # caches in gpu-bundle/work/, and that cache from the last run when it is copied back
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
-BINARIES="backends kernels step_time concat learner_cnn"
+BINARIES="backends kernels step_time concat learner_cnn train_step"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -27,7 +30,7 @@ build() {
     json=$(mktemp)
     cargo test --release --features cuda --test backends --test kernels --no-run \
         --message-format=json >"$json"
-    cargo bench --features cuda --bench step_time --bench concat --no-run \
+    cargo bench --features cuda --bench step_time --bench concat --bench train_step --no-run \
         --message-format=json >>"$json"
     cargo build --release --features cuda --example learner_cnn --message-format=json >>"$json"
     python3 - "$json" "$BUNDLE" <<'PY'
@@ -58,6 +61,40 @@ TOML
     du -sh "$BUNDLE"
 }
 
+# Time to first step in fresh processes: for each configuration in COLD_CONFIGS ("backend
+# model replicas batch", ';'-separated), a run on empty CubeCL caches, one with both caches
+# kept, and one with only the autotune cache kept; counts the kernels compiled and the
+# autotune entries written, from CubeCL's cache files.
+cold_start() {
+    local logs=$1 limit=${COLD_LIMIT:-150}
+    local configs=${COLD_CONFIGS:-"fusion mlp 0 256;fusion mlp 1 256;fusion mlp 2 512;fusion mlp 4 1024;cube mlp 0 256;cube mlp 2 512"}
+    local out="$logs/cold.md"
+    echo "| cache | model | configuration | batch | warm-up | first step done | steps 2 / 3 / 4 | steady from start | steady step | kernels compiled | autotune entries |" >"$out"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|" >>"$out"
+    local config
+    IFS=';' read -ra list <<<"$configs"
+    for config in "${list[@]}"; do
+        read -r backend model replicas batch <<<"$config"
+        local dir="$BUNDLE/cold/$backend-$model-$replicas"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        cp "$BUNDLE/cubecl.toml" "$dir/"
+        for cache in fresh kept autotune-only; do
+            [ "$cache" = autotune-only ] && rm -rf "$dir/cuda"
+            local line
+            line=$(cd "$dir" && timeout -k 10 "$limit" "../../work/train_step" cold "$backend" \
+                "$model" "$replicas" "$batch" 2>>"$logs/cold.err" | grep '^cold' ||
+                echo "cold | $model | $replicas replicas | $batch | timed out or failed |||||")
+            local kernels=0 tuned=0
+            [ -f "$dir/cuda/0.10.0/ptx/toc.json.log" ] &&
+                kernels=$(wc -l <"$dir/cuda/0.10.0/ptx/toc.json.log")
+            tuned=$(cat "$dir"/autotune/*/*/*.json.log 2>/dev/null | wc -l)
+            echo "| $cache $backend ${line#cold } $kernels | $tuned |" >>"$out"
+        done
+    done
+    cat "$out"
+}
+
 run() {
     local logs
     logs=$(realpath "${1:?usage: gpu-check.sh run LOG_DIR}")
@@ -86,14 +123,26 @@ run() {
     }
     export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
     local what=${2:-all} tests_limit=${TESTS_LIMIT:-250} bench_limit=${BENCH_LIMIT:-200}
-    if [ "$what" != bench ] && [ "$what" != kernels ]; then
+    if [ "$what" = tests ] || [ "$what" = all ]; then
         step tests-cuda-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
+        step tests-cuda-faults "$tests_limit" ./backends --test-threads=1 --nocapture cuda_faults::
     fi
     if [ "$what" = kernels ] || [ "$what" = all ]; then
         step tests-kernels-cuda "$tests_limit" ./kernels --test-threads=1 cuda
         step bench-concat "$bench_limit" ./concat
         step bench-concat-torch "$bench_limit" python3 "$(pwd)/benches/torch_concat.py"
+    fi
+    if [ "$what" = models ] || [ "$what" = all ]; then
+        step bench-models-torch "$bench_limit" python3 "$(pwd)/benches/torch_models.py" \
+            "$logs/torch_models.csv"
+        # shellcheck disable=SC2086 # MODELS_ARGS is a list of names
+        TRAIN_STEP_CSV="$logs/train_step.csv" TRAIN_STEP_SVG="$logs/train_step.svg" \
+            TORCH_CSV="$logs/torch_models.csv" \
+            step bench-models "$bench_limit" ./train_step ${MODELS_ARGS:-}
+    fi
+    if [ "$what" = cold ]; then
+        cold_start "$logs"
     fi
     if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
@@ -105,13 +154,13 @@ run() {
     for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
     (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" "${exclude[@]}" .)
     echo
-    for name in tests-cuda-fusion tests-cuda-cube tests-kernels-cuda; do
+    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-faults tests-kernels-cuda; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
-    for name in step-time bench-concat bench-concat-torch; do
+    for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models; do
         [ -f "$logs/$name.log" ] && grep -E '^\|' "$logs/$name.log"
     done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
@@ -123,7 +172,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|all]" >&2
         exit 2
         ;;
 esac

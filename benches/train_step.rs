@@ -1,0 +1,781 @@
+//! Training-step time of three models (an MLP, a ResNet-18 and a small transformer encoder),
+//! bare and through `DataParallel` with 1, 2 and 4 replicas on one device, at two batch sizes;
+//! samples/s, device memory, and the stage profile of one step.
+//!
+//! ```sh
+//! cargo bench --bench train_step                   # CPU (Flex), small shapes
+//! cargo bench --features cuda --bench train_step   # CUDA (Fusion), benchmark shapes
+//! cargo bench --features cuda --bench train_step -- cube mlp   # CubeBackend, MLP only
+//! ```
+//!
+//! `cold BACKEND MODEL REPLICAS BATCH` (backend `fusion` or `cube`, `REPLICAS` 0 for the bare
+//! model) instead measures one fresh process: time from the start of `main` to the end of each
+//! of the first steps (the first through `DataParallel::warm_up` when `REPLICAS` > 0), and
+//! when steps reach steady state (within 1.5x of the median of the last ten of 40).
+//!
+//! Environment: `TRAIN_STEP_CSV` writes the results as CSV; `TRAIN_STEP_SVG` writes a chart of
+//! samples/s, adding rows of the same CSV layout from `TORCH_CSV` (`benches/torch_models.py`).
+//! The device is synchronised at the end of every timed step.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{
+    BatchNorm, BatchNormConfig, Embedding, EmbeddingConfig, Linear, LinearConfig, PaddingConfig2d,
+    Relu,
+};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor};
+use burn_dataparallel::{DataParallel, DataParallelBackend, Mean, StepProfile};
+
+/// The models' inputs: features, images or token ids.
+#[derive(Clone)]
+enum Input<B: Backend> {
+    Features(Tensor<B, 2>),
+    Images(Tensor<B, 4>),
+    Tokens(Tensor<B, 2, Int>),
+}
+
+/// Model sizes; the benchmark's on CUDA, smaller on CPU.
+#[derive(Clone, Copy)]
+struct Sizes {
+    mlp: [usize; 4],
+    image: usize,
+    resnet_width: usize,
+    seq: usize,
+    d_model: usize,
+    layers: usize,
+}
+
+const CLASSES: usize = 10;
+const VOCAB: usize = 1000;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    layers: Vec<Linear<B>>,
+    relu: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(widths: &[usize], device: &B::Device) -> Self {
+        let layers = widths
+            .windows(2)
+            .map(|w| LinearConfig::new(w[0], w[1]).init(device))
+            .collect();
+        Self {
+            layers,
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let last = self.layers.len() - 1;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x);
+            if i < last {
+                x = self.relu.forward(x);
+            }
+        }
+        x
+    }
+}
+
+/// A ResNet basic block: two 3x3 convolutions with batch norm, and a 1x1 projection on the
+/// shortcut where the shape changes.
+#[derive(Module, Debug)]
+struct Block<B: Backend> {
+    conv1: Conv2d<B>,
+    bn1: BatchNorm<B>,
+    conv2: Conv2d<B>,
+    bn2: BatchNorm<B>,
+    shortcut: Option<(Conv2d<B>, BatchNorm<B>)>,
+    relu: Relu,
+}
+
+fn conv<B: Backend>(from: usize, to: usize, k: usize, stride: usize, d: &B::Device) -> Conv2d<B> {
+    Conv2dConfig::new([from, to], [k, k])
+        .with_stride([stride, stride])
+        .with_padding(PaddingConfig2d::Explicit(k / 2, k / 2, k / 2, k / 2))
+        .with_bias(false)
+        .init(d)
+}
+
+impl<B: Backend> Block<B> {
+    fn new(from: usize, to: usize, stride: usize, device: &B::Device) -> Self {
+        let shortcut = (stride != 1 || from != to).then(|| {
+            (
+                conv(from, to, 1, stride, device),
+                BatchNormConfig::new(to).init(device),
+            )
+        });
+        Self {
+            conv1: conv(from, to, 3, stride, device),
+            bn1: BatchNormConfig::new(to).init(device),
+            conv2: conv(to, to, 3, 1, device),
+            bn2: BatchNormConfig::new(to).init(device),
+            shortcut,
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let y = self
+            .relu
+            .forward(self.bn1.forward(self.conv1.forward(x.clone())));
+        let y = self.bn2.forward(self.conv2.forward(y));
+        let skip = match &self.shortcut {
+            Some((conv, bn)) => bn.forward(conv.forward(x)),
+            None => x,
+        };
+        self.relu.forward(y + skip)
+    }
+}
+
+/// ResNet-18: a 7x7 stem, four stages of two basic blocks, global pooling and a classifier.
+#[derive(Module, Debug)]
+struct ResNet<B: Backend> {
+    stem: Conv2d<B>,
+    bn: BatchNorm<B>,
+    pool: MaxPool2d,
+    blocks: Vec<Block<B>>,
+    avg: AdaptiveAvgPool2d,
+    fc: Linear<B>,
+    relu: Relu,
+}
+
+impl<B: Backend> ResNet<B> {
+    fn new(width: usize, device: &B::Device) -> Self {
+        let mut blocks = Vec::new();
+        let mut from = width;
+        for (stage, mult) in [1, 2, 4, 8].into_iter().enumerate() {
+            let to = width * mult;
+            blocks.push(Block::new(from, to, if stage == 0 { 1 } else { 2 }, device));
+            blocks.push(Block::new(to, to, 1, device));
+            from = to;
+        }
+        Self {
+            stem: conv(3, width, 7, 2, device),
+            bn: BatchNormConfig::new(width).init(device),
+            pool: MaxPool2dConfig::new([3, 3])
+                .with_strides([2, 2])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init(),
+            blocks,
+            avg: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
+            fc: LinearConfig::new(from, CLASSES).init(device),
+            relu: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let mut x = self
+            .pool
+            .forward(self.relu.forward(self.bn.forward(self.stem.forward(x))));
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        self.fc.forward(self.avg.forward(x).flatten(1, 3))
+    }
+}
+
+/// A post-norm transformer encoder over token embeddings, mean-pooled into a classifier.
+#[derive(Module, Debug)]
+struct Encoder<B: Backend> {
+    embedding: Embedding<B>,
+    encoder: TransformerEncoder<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> Encoder<B> {
+    fn new(d_model: usize, layers: usize, device: &B::Device) -> Self {
+        Self {
+            embedding: EmbeddingConfig::new(VOCAB, d_model).init(device),
+            encoder: TransformerEncoderConfig::new(d_model, 4 * d_model, 8, layers)
+                .with_dropout(0.0)
+                .init(device),
+            head: LinearConfig::new(d_model, CLASSES).init(device),
+        }
+    }
+
+    fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let x = self.embedding.forward(tokens);
+        let x = self.encoder.forward(TransformerEncoderInput::new(x));
+        self.head.forward(x.mean_dim(1).squeeze_dim(1))
+    }
+}
+
+/// One of the three models.
+// One value per configuration: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+enum Model<B: Backend> {
+    Mlp(Mlp<B>),
+    ResNet(ResNet<B>),
+    Encoder(Encoder<B>),
+}
+
+impl<B: Backend> Model<B> {
+    fn new(name: &str, sizes: Sizes, device: &B::Device) -> Self {
+        match name {
+            "mlp" => Model::Mlp(Mlp::new(&sizes.mlp, device)),
+            "resnet18" => Model::ResNet(ResNet::new(sizes.resnet_width, device)),
+            _ => Model::Encoder(Encoder::new(sizes.d_model, sizes.layers, device)),
+        }
+    }
+
+    fn forward(&self, input: Input<B>) -> Tensor<B, 2> {
+        match (self, input) {
+            (Model::Mlp(m), Input::Features(x)) => m.forward(x),
+            (Model::ResNet(m), Input::Images(x)) => m.forward(x),
+            (Model::Encoder(m), Input::Tokens(x)) => m.forward(x),
+            _ => unreachable!("input matches the model"),
+        }
+    }
+}
+
+fn input<B: Backend>(name: &str, sizes: Sizes, batch: usize, device: &B::Device) -> Input<B> {
+    let normal = Distribution::Normal(0.0, 1.0);
+    match name {
+        "mlp" => Input::Features(Tensor::random([batch, sizes.mlp[0]], normal, device)),
+        "resnet18" => Input::Images(Tensor::random(
+            [batch, 3, sizes.image, sizes.image],
+            normal,
+            device,
+        )),
+        _ => Input::Tokens(Tensor::random(
+            [batch, sizes.seq],
+            Distribution::Uniform(0.0, VOCAB as f64),
+            device,
+        )),
+    }
+}
+
+/// `Input` scatters along the batch like the tensor it holds.
+impl<B: burn_dataparallel::ConcatBackend> burn_dataparallel::Scatter<B> for Input<B> {
+    fn batch_size(
+        &self,
+        dim: usize,
+    ) -> Result<Option<usize>, burn_dataparallel::DataParallelError> {
+        use burn_dataparallel::Scatter;
+        match self {
+            Input::Features(x) => Scatter::batch_size(x, dim),
+            Input::Images(x) => Scatter::batch_size(x, dim),
+            Input::Tokens(x) => Scatter::batch_size(x, dim),
+        }
+    }
+
+    fn scatter(self, shards: &burn_dataparallel::Shards<B>) -> Vec<Self> {
+        use burn_dataparallel::Scatter;
+        match self {
+            Input::Features(x) => Scatter::scatter(x, shards)
+                .into_iter()
+                .map(Input::Features)
+                .collect(),
+            Input::Images(x) => Scatter::scatter(x, shards)
+                .into_iter()
+                .map(Input::Images)
+                .collect(),
+            Input::Tokens(x) => Scatter::scatter(x, shards)
+                .into_iter()
+                .map(Input::Tokens)
+                .collect(),
+        }
+    }
+}
+
+/// One configuration's measurements.
+struct Row {
+    backend: String,
+    model: String,
+    batch: usize,
+    config: String,
+    median: Duration,
+    first: Duration,
+    memory: Option<u64>,
+    profile: Option<StepProfile>,
+}
+
+impl Row {
+    fn samples_per_s(&self) -> f64 {
+        self.batch as f64 / self.median.as_secs_f64()
+    }
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Device memory in use, where the backend can tell.
+type MemoryProbe = fn() -> Option<u64>;
+
+/// Memory in use once the queued work (the forward, under Fusion's lazy execution) has run.
+fn in_use_after<B: Backend>(device: &B::Device, memory: MemoryProbe) -> Option<u64> {
+    B::sync(device).expect("sync");
+    memory()
+}
+
+/// Times `timed` training steps after `warm_up` of `replicas` replicas (0: the bare model), then
+/// one untimed step that records the stage profile and the device memory in use after the
+/// forward (activations and parameters; the peak of the step is at that point or in the
+/// backward).
+#[allow(clippy::too_many_arguments)]
+fn run<B: DataParallelBackend>(
+    backend: &str,
+    model: &str,
+    sizes: Sizes,
+    batch: usize,
+    replicas: usize,
+    steps: (usize, usize),
+    memory: MemoryProbe,
+) -> Row {
+    let device = B::Device::default();
+    let x = input::<B>(model, sizes, batch, &device);
+    let y =
+        Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, CLASSES as f64), &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut optim = SgdConfig::new().init();
+    let mut optim_dp = SgdConfig::new().init();
+    let mut bare = Model::<B>::new(model, sizes, &device);
+    let mut dp = (replicas > 0).then(|| {
+        DataParallel::new(
+            Model::<B>::new(model, sizes, &device),
+            vec![device.clone(); replicas],
+        )
+        .expect("settings")
+    });
+    let sync = || B::sync(&device).expect("sync");
+    let (warm_up, timed) = steps;
+    let mut times = Vec::new();
+    let mut peak = None::<u64>;
+    let mut profile = None;
+    for i in 0..warm_up + timed + 2 {
+        let profiled = i == warm_up + timed + 1;
+        if let (true, Some(dp)) = (profiled, &dp) {
+            dp.set_profiling(true);
+        }
+        let start = Instant::now();
+        match dp.take() {
+            None => {
+                let loss = loss_fn.forward(bare.forward(x.clone()), y.clone());
+                let used = profiled
+                    .then(|| in_use_after::<B>(&device, memory))
+                    .flatten();
+                let grads = GradientsParams::from_grads(loss.backward(), &bare);
+                bare = optim.step(0.01, bare, grads);
+                peak = peak.max(used);
+            }
+            Some(wrapped) => {
+                let Mean(loss) = wrapped.forward_with((x.clone(), y.clone()), |m, (x, y)| {
+                    Mean(loss_fn.forward(m.forward(x), y))
+                });
+                let used = profiled
+                    .then(|| in_use_after::<B>(&device, memory))
+                    .flatten();
+                let grads = GradientsParams::from_grads(loss.backward(), &wrapped);
+                if profiled {
+                    profile = wrapped.profile();
+                }
+                dp = Some(optim_dp.step(0.01, wrapped, grads));
+                peak = peak.max(used);
+            }
+        }
+        sync();
+        if !profiled {
+            times.push(start.elapsed());
+        }
+    }
+    Row {
+        backend: backend.to_string(),
+        model: model.to_string(),
+        batch,
+        config: match replicas {
+            0 => "bare".to_string(),
+            n => format!("DataParallel x{n}"),
+        },
+        first: times[0],
+        median: median(times[1 + warm_up..].to_vec()),
+        memory: peak,
+        profile,
+    }
+}
+
+/// Every model, batch size and configuration on one backend.
+fn bench_backend<B: DataParallelBackend>(
+    backend: &str,
+    sizes: Sizes,
+    batches: &[(&str, [usize; 2])],
+    steps: (usize, usize),
+    memory: MemoryProbe,
+    rows: &mut Vec<Row>,
+) {
+    for (model, batch_sizes) in batches {
+        for &batch in batch_sizes {
+            let mut bare = None;
+            for replicas in [0, 1, 2, 4] {
+                let row = run::<B>(backend, model, sizes, batch, replicas, steps, memory);
+                let bare = *bare.get_or_insert(row.median);
+                print_row(&row, bare);
+                rows.push(row);
+            }
+        }
+    }
+}
+
+fn print_row(row: &Row, bare: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let memory = row
+        .memory
+        .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
+        .unwrap_or_else(|| "-".into());
+    let profile = match &row.profile {
+        Some(p) => format!(
+            "{:.2} / {:.2} / {:.2} / {:.2}",
+            ms(p.scatter),
+            ms(p.replicate),
+            ms(p.slowest_forward()),
+            ms(p.gather)
+        ),
+        None => "-".into(),
+    };
+    println!(
+        "| {} | {} | {} | {} | {:.3} ms | {:.0} | {:.3}x | {:.1} s | {} | {} |",
+        row.backend,
+        row.model,
+        row.batch,
+        row.config,
+        ms(row.median),
+        row.samples_per_s(),
+        row.median.as_secs_f64() / bare.as_secs_f64(),
+        row.first.as_secs_f64(),
+        memory,
+        profile,
+    );
+}
+
+/// The CSV layout shared with `benches/torch_models.py`.
+fn csv(rows: &[Row]) -> String {
+    let mut out = String::from("backend,model,batch,config,median_ms,samples_per_s,memory_bytes\n");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{:.4},{:.1},{}",
+            row.backend,
+            row.model,
+            row.batch,
+            row.config,
+            row.median.as_secs_f64() * 1e3,
+            row.samples_per_s(),
+            row.memory.map(|m| m.to_string()).unwrap_or_default()
+        );
+    }
+    out
+}
+
+/// A grouped bar chart of samples/s: one panel per model and batch size, one bar per
+/// configuration, each panel scaled to its own maximum.
+fn svg(records: &[(String, String, usize, f64)]) -> String {
+    let mut groups: Vec<(String, usize)> = Vec::new();
+    let mut configs: Vec<String> = Vec::new();
+    for (model, config, batch, _) in records {
+        if !groups.contains(&(model.clone(), *batch)) {
+            groups.push((model.clone(), *batch));
+        }
+        if !configs.contains(config) {
+            configs.push(config.clone());
+        }
+    }
+    let colors = [
+        "#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd", "#8c8c8c", "#e17c05",
+    ];
+    let (panel_w, panel_h, top, left) = (40.0 + 28.0 * configs.len() as f64, 260.0, 40.0, 30.0);
+    let width = left + panel_w * groups.len() as f64 + 20.0;
+    let height = top + panel_h + 60.0 + 18.0 * configs.len() as f64;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Training samples/s per \
+         model and batch size (bar label: samples/s)</text>\n"
+    );
+    for (g, (model, batch)) in groups.iter().enumerate() {
+        let x0 = left + panel_w * g as f64;
+        let in_group: Vec<_> = records
+            .iter()
+            .filter(|r| &r.0 == model && r.2 == *batch)
+            .collect();
+        let max = in_group.iter().map(|r| r.3).fold(1e-9, f64::max);
+        for r in &in_group {
+            let c = configs.iter().position(|c| *c == r.1).unwrap_or(0);
+            let h = (panel_h - 20.0) * r.3 / max;
+            let x = x0 + 10.0 + 28.0 * c as f64;
+            let y = top + panel_h - h;
+            let _ = writeln!(
+                out,
+                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"24\" height=\"{h:.1}\" fill=\"{}\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"8\" text-anchor=\"middle\">{:.0}</text>",
+                colors[c % colors.len()],
+                x + 12.0,
+                y - 3.0,
+                r.3
+            );
+        }
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{model} b{batch}</text>",
+            x0 + panel_w / 2.0,
+            top + panel_h + 16.0
+        );
+    }
+    for (c, config) in configs.iter().enumerate() {
+        let y = top + panel_h + 40.0 + 18.0 * c as f64;
+        let _ = writeln!(
+            out,
+            "<rect x=\"{left}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{config}</text>",
+            y - 10.0,
+            colors[c % colors.len()],
+            left + 18.0,
+            y
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// `(model, backend and configuration, batch, samples/s)` from CSV text.
+fn parse_csv(text: &str) -> Vec<(String, String, usize, f64)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            Some((
+                f.get(1)?.to_string(),
+                format!("{}: {}", f.first()?, f.get(3)?),
+                f.get(2)?.parse().ok()?,
+                f.get(5)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_memory() -> Option<u64> {
+    use cubecl::Runtime;
+    let client = cubecl::cuda::CudaRuntime::client(&Default::default());
+    client.memory_usage().ok().map(|m| m.bytes_in_use)
+}
+
+/// One fresh process's time to first step and to steady state.
+fn cold<B: DataParallelBackend>(model: &str, sizes: Sizes, replicas: usize, batch: usize) {
+    let start = Instant::now();
+    let device = B::Device::default();
+    let x = input::<B>(model, sizes, batch, &device);
+    let y =
+        Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, CLASSES as f64), &device);
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut optim = SgdConfig::new().init();
+    let mut dp = DataParallel::new(
+        Model::<B>::new(model, sizes, &device),
+        vec![device.clone(); replicas.max(1)],
+    )
+    .expect("settings");
+    let mut ends = Vec::new();
+    let mut warm_up = None;
+    if replicas > 0 {
+        let report = dp
+            .warm_up((x.clone(), y.clone()), |m, (x, y)| {
+                loss_fn.forward(m.forward(x), y)
+            })
+            .expect("warm-up");
+        warm_up = Some(report.total());
+    }
+    for _ in 0..40 {
+        let step_start = Instant::now();
+        let loss = if replicas == 0 {
+            loss_fn.forward(dp.module().forward(x.clone()), y.clone())
+        } else {
+            let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
+                Mean(loss_fn.forward(m.forward(x), y))
+            });
+            loss
+        };
+        let grads = GradientsParams::from_grads(loss.backward(), &dp);
+        dp = optim.step(0.01, dp, grads);
+        B::sync(&device).expect("sync");
+        ends.push((start.elapsed(), step_start.elapsed()));
+    }
+    let tail = median(ends[30..].iter().map(|e| e.1).collect());
+    let steady = ends
+        .iter()
+        .position(|e| e.1.as_secs_f64() <= 1.5 * tail.as_secs_f64())
+        .unwrap_or(ends.len() - 1);
+    let secs = |d: Duration| d.as_secs_f64();
+    println!(
+        "cold | {model} | {} | {batch} | {} | {:.2} s | {:.3} / {:.3} / {:.3} s | {:.2} s (step {}) | {:.3} ms |",
+        match replicas {
+            0 => "bare".to_string(),
+            n => format!("DataParallel x{n}"),
+        },
+        warm_up
+            .map(|w| format!("{:.2} s", secs(w)))
+            .unwrap_or_else(|| "-".into()),
+        secs(ends[0].0),
+        secs(ends[1].1),
+        secs(ends[2].1),
+        secs(ends[3].1),
+        secs(ends[steady].0),
+        steady + 1,
+        secs(tail) * 1e3,
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("cold") {
+        let arg = |i: usize| {
+            args.get(i)
+                .expect("cold BACKEND MODEL REPLICAS BATCH")
+                .as_str()
+        };
+        let replicas: usize = arg(3).parse().expect("replica count");
+        let batch: usize = arg(4).parse().expect("batch size");
+        #[cfg(feature = "cuda")]
+        {
+            let sizes = Sizes {
+                mlp: [1024, 4096, 4096, CLASSES],
+                image: 64,
+                resnet_width: 64,
+                seq: 128,
+                d_model: 256,
+                layers: 4,
+            };
+            match arg(1) {
+                "cube" => cold::<
+                    burn::backend::Autodiff<
+                        burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+                    >,
+                >(arg(2), sizes, replicas, batch),
+                _ => cold::<burn::backend::Autodiff<burn::backend::Cuda>>(
+                    arg(2),
+                    sizes,
+                    replicas,
+                    batch,
+                ),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let sizes = Sizes {
+                mlp: [64, 256, 256, CLASSES],
+                image: 32,
+                resnet_width: 8,
+                seq: 16,
+                d_model: 32,
+                layers: 2,
+            };
+            cold::<burn::backend::Autodiff<burn::backend::Flex>>(arg(2), sizes, replicas, batch);
+        }
+        return;
+    }
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let models = |list: &[(&'static str, [usize; 2])]| -> Vec<(&'static str, [usize; 2])> {
+        let picked: Vec<_> = list.iter().filter(|(m, _)| wanted(m)).copied().collect();
+        if picked.is_empty() {
+            list.to_vec()
+        } else {
+            picked
+        }
+    };
+    println!(
+        "| backend | model | batch | configuration | median step | samples/s | vs bare | \
+         first step | memory after forward | profile: scatter / replicate / slowest forward / \
+         gather (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    #[cfg(feature = "cuda")]
+    {
+        let sizes = Sizes {
+            mlp: [1024, 4096, 4096, CLASSES],
+            image: 64,
+            resnet_width: 64,
+            seq: 128,
+            d_model: 256,
+            layers: 4,
+        };
+        let batches = models(&[
+            ("mlp", [256, 1024]),
+            ("resnet18", [64, 256]),
+            ("encoder", [32, 128]),
+        ]);
+        let steps = (10, 30);
+        if wanted("fusion") || !wanted("cube") {
+            type B = burn::backend::Autodiff<burn::backend::Cuda>;
+            bench_backend::<B>(
+                "burn-fusion",
+                sizes,
+                &batches,
+                steps,
+                cuda_memory,
+                &mut rows,
+            );
+        }
+        if wanted("cube") {
+            type B = burn::backend::Autodiff<
+                burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+            >;
+            bench_backend::<B>("burn-cube", sizes, &batches, steps, cuda_memory, &mut rows);
+        }
+    }
+    if wanted("cpu") || cfg!(not(feature = "cuda")) {
+        type B = burn::backend::Autodiff<burn::backend::Flex>;
+        let sizes = Sizes {
+            mlp: [64, 256, 256, CLASSES],
+            image: 32,
+            resnet_width: 8,
+            seq: 16,
+            d_model: 32,
+            layers: 2,
+        };
+        let batches = models(&[
+            ("mlp", [64, 256]),
+            ("resnet18", [8, 16]),
+            ("encoder", [8, 16]),
+        ]);
+        bench_backend::<B>("flex-cpu", sizes, &batches, (2, 5), || None, &mut rows);
+    }
+    let table = csv(&rows);
+    if let Ok(path) = std::env::var("TRAIN_STEP_CSV") {
+        std::fs::write(&path, &table).expect("write the CSV");
+    }
+    if let Ok(path) = std::env::var("TRAIN_STEP_SVG") {
+        let mut records = parse_csv(&table);
+        if let Ok(torch) = std::env::var("TORCH_CSV") {
+            match std::fs::read_to_string(&torch) {
+                Ok(text) => records.extend(parse_csv(&text)),
+                Err(error) => eprintln!("no PyTorch results at {torch}: {error}"),
+            }
+        }
+        std::fs::write(&path, svg(&records)).expect("write the chart");
+    }
+    for row in rows.iter().filter(|r| r.profile.is_some()) {
+        if let Some(profile) = &row.profile {
+            println!(
+                "profile {} {} b{} {}: {profile}",
+                row.backend, row.model, row.batch, row.config
+            );
+        }
+    }
+}
