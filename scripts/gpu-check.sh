@@ -15,9 +15,13 @@
 # runs the three-model train-step bench and its PyTorch companion, and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg.
 #
-# gpu-bundle/ holds the binaries, a cubecl.toml that keeps CubeCL's compilation and autotune
-# caches in gpu-bundle/work/, and that cache from the last run when it is copied back
-# (LOG_DIR/cubecl-cache.tar.gz into gpu-bundle/); it is ignored by git and travels as a whole.
+# gpu-bundle/ holds the binaries and a cubecl.toml that keeps CubeCL's compilation and
+# autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
+# as LOG_DIR/aa-cubecl-cache.tgz.NN, parts of at most 15 MiB (a file coming back from the GPU
+# machine may have 16 MiB; "aa-" sorts them before the logs, since at most 8 files come back).
+# Copy the parts into gpu-cache/ (also ignored) and carry it with the binaries the mode needs,
+# e.g. carry ["gpu-bundle/train_step.xz", "gpu-bundle/cubecl.toml", "gpu-cache"]: binaries
+# that did not travel are skipped. An older single gpu-bundle/cubecl-cache.tar.gz is read too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
@@ -102,10 +106,13 @@ run() {
     local work="$BUNDLE/work"
     mkdir -p "$work"
     cp "$BUNDLE/cubecl.toml" "$work/"
-    if [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
+    if compgen -G "gpu-cache/aa-cubecl-cache.tgz.*" >/dev/null; then
+        cat gpu-cache/aa-cubecl-cache.tgz.* | tar xzf - -C "$work"
+    elif [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
         tar xzf "$BUNDLE/cubecl-cache.tar.gz" -C "$work"
     fi
     for bin in $BINARIES; do
+        [ -f "$BUNDLE/$bin.xz" ] || continue
         xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
         chmod +x "$work/$bin"
     done
@@ -152,7 +159,9 @@ run() {
 
     local exclude=(--exclude=cubecl.toml)
     for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
-    (cd "$work" && tar czf "$logs/cubecl-cache.tar.gz" "${exclude[@]}" .)
+    (cd "$work" && tar czf - "${exclude[@]}" .) |
+        split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
+    ls -l "$logs"/aa-cubecl-cache.tgz.*
     echo
     for name in tests-cuda-fusion tests-cuda-cube tests-cuda-faults tests-kernels-cuda; do
         [ -f "$logs/$name.log" ] || continue
