@@ -13,7 +13,10 @@
 //! of the first steps (the first through `DataParallel::warm_up` when `REPLICAS` > 0), and
 //! when steps reach steady state (within 1.5x of the median of the last ten of 40).
 //!
-//! Environment: `TRAIN_STEP_CSV` writes the results as CSV; `TRAIN_STEP_SVG` writes a chart of
+//! `plot OUT.svg CSV...` draws the chart of earlier runs' CSV files.
+//!
+//! Environment: `TRAIN_STEP_STEPS="WARM,TIMED"` sets the steps per configuration (10,30 on
+//! CUDA); `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes a chart of
 //! samples/s, adding rows of the same CSV layout from `TORCH_CSV` (`benches/torch_models.py`).
 //! The device is synchronised at the end of every timed step.
 
@@ -425,6 +428,7 @@ fn bench_backend<B: DataParallelBackend>(
                 let bare = *bare.get_or_insert(row.median);
                 print_row(&row, bare);
                 rows.push(row);
+                write_outputs(rows);
             }
         }
     }
@@ -550,6 +554,40 @@ fn svg(records: &[(String, String, usize, f64)]) -> String {
     out
 }
 
+/// Writes the CSV and the chart named by `TRAIN_STEP_CSV` and `TRAIN_STEP_SVG` (after every
+/// row, so that a run stopped at its time limit leaves what it measured).
+fn write_outputs(rows: &[Row]) {
+    let table = csv(rows);
+    if let Ok(path) = std::env::var("TRAIN_STEP_CSV") {
+        std::fs::write(&path, &table).expect("write the CSV");
+    }
+    if let Ok(path) = std::env::var("TRAIN_STEP_SVG") {
+        let mut records = parse_csv(&table);
+        if let Ok(torch) = std::env::var("TORCH_CSV") {
+            match std::fs::read_to_string(&torch) {
+                Ok(text) => records.extend(parse_csv(&text)),
+                Err(error) => eprintln!("no PyTorch results at {torch}: {error}"),
+            }
+        }
+        std::fs::write(&path, svg(&records)).expect("write the chart");
+    }
+}
+
+/// Warm-up and timed steps per configuration: `TRAIN_STEP_STEPS="WARM,TIMED"` or `default`.
+fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
+    let Ok(text) = std::env::var("TRAIN_STEP_STEPS") else {
+        return default;
+    };
+    let parsed: Vec<usize> = text
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    match parsed[..] {
+        [warm, timed] if timed > 0 => (warm, timed),
+        _ => panic!("TRAIN_STEP_STEPS is \"WARM,TIMED\" with TIMED > 0, not {text:?}"),
+    }
+}
+
 /// `(model, backend and configuration, batch, samples/s)` from CSV text.
 fn parse_csv(text: &str) -> Vec<(String, String, usize, f64)> {
     text.lines()
@@ -638,7 +676,22 @@ fn cold<B: DataParallelBackend>(model: &str, sizes: Sizes, replicas: usize, batc
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo bench` adds `--bench`.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    if args.first().map(String::as_str) == Some("plot") {
+        // plot OUT.svg CSV...: the chart of earlier runs' CSV files.
+        let out = args.get(1).expect("plot OUT.svg CSV...");
+        let mut records = Vec::new();
+        for path in &args[2..] {
+            let text = std::fs::read_to_string(path).expect("read a CSV");
+            records.extend(parse_csv(&text));
+        }
+        std::fs::write(out, svg(&records)).expect("write the chart");
+        return;
+    }
     if args.first().map(String::as_str) == Some("cold") {
         let arg = |i: usize| {
             args.get(i)
@@ -720,7 +773,7 @@ fn main() {
             ("resnet18", [64, 256]),
             ("encoder", [32, 128]),
         ]);
-        let steps = (10, 30);
+        let steps = steps_from_env((10, 30));
         if wanted("fusion") || !wanted("cube") {
             type B = burn::backend::Autodiff<burn::backend::Cuda>;
             bench_backend::<B>(
@@ -754,21 +807,8 @@ fn main() {
             ("resnet18", [8, 16]),
             ("encoder", [8, 16]),
         ]);
-        bench_backend::<B>("flex-cpu", sizes, &batches, (2, 5), || None, &mut rows);
-    }
-    let table = csv(&rows);
-    if let Ok(path) = std::env::var("TRAIN_STEP_CSV") {
-        std::fs::write(&path, &table).expect("write the CSV");
-    }
-    if let Ok(path) = std::env::var("TRAIN_STEP_SVG") {
-        let mut records = parse_csv(&table);
-        if let Ok(torch) = std::env::var("TORCH_CSV") {
-            match std::fs::read_to_string(&torch) {
-                Ok(text) => records.extend(parse_csv(&text)),
-                Err(error) => eprintln!("no PyTorch results at {torch}: {error}"),
-            }
-        }
-        std::fs::write(&path, svg(&records)).expect("write the chart");
+        let steps = steps_from_env((2, 5));
+        bench_backend::<B>("flex-cpu", sizes, &batches, steps, || None, &mut rows);
     }
     for row in rows.iter().filter(|r| r.profile.is_some()) {
         if let Some(profile) = &row.profile {
