@@ -8,8 +8,8 @@
 //! cargo bench --features cuda --bench train_step -- cube mlp   # CubeBackend, MLP only
 //! ```
 //!
-//! `cold BACKEND MODEL REPLICAS BATCH` (backend `fusion` or `cube`, `REPLICAS` 0 for the bare
-//! model) instead measures one fresh process: time from the start of `main` to the end of each
+//! `cold BACKEND MODEL REPLICAS BATCH` (backend `fusion` or `cube` on CUDA, `wgpu` or `flex`
+//! otherwise; `REPLICAS` 0 for the bare model) instead measures one fresh process: time from the start of `main` to the end of each
 //! of the first steps (the first through `DataParallel::warm_up` when `REPLICAS` > 0), and
 //! when steps reach steady state (within 1.5x of the median of the last ten of 40).
 //!
@@ -734,7 +734,22 @@ fn main() {
                 d_model: 32,
                 layers: 2,
             };
-            cold::<burn::backend::Autodiff<burn::backend::Flex>>(arg(2), sizes, replicas, batch);
+            match arg(1) {
+                // CubeCL's wgpu runtime (Mesa's lavapipe without a GPU): its caches show which
+                // operations compile and autotune, as on CUDA.
+                "wgpu" => cold::<burn::backend::Autodiff<burn::backend::Wgpu>>(
+                    arg(2),
+                    sizes,
+                    replicas,
+                    batch,
+                ),
+                _ => cold::<burn::backend::Autodiff<burn::backend::Flex>>(
+                    arg(2),
+                    sizes,
+                    replicas,
+                    batch,
+                ),
+            }
         }
         return;
     }

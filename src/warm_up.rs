@@ -8,7 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::kernels::ConcatBackend;
 use crate::profile::synchronize;
-use crate::{DataParallel, DataParallelError, Scatter};
+use crate::{DataParallel, DataParallelError, Scatter, Sum};
 
 /// What [`DataParallel::warm_up`] did and how long it took.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,13 +77,15 @@ impl<B: AutodiffBackend + ConcatBackend, M: Module<B>> DataParallel<B, M> {
         let mut devices = shards.devices().to_vec();
         devices.push(self.output_device.clone());
         let start = Instant::now();
-        let losses = self.try_forward_with(sample, |replica, shard| {
-            Ok::<_, std::convert::Infallible>(loss(replica, shard))
+        // Added element-wise (`Sum`), not reduced: a reduction over the replicas' losses would
+        // tune a kernel shape that training never uses.
+        let Sum(total) = self.try_forward_with(sample, |replica, shard| {
+            Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard)))
         })?;
         synchronize::<B>(&devices);
         let forward = start.elapsed();
         let start = Instant::now();
-        let grads = losses.sum().backward();
+        let grads = total.backward();
         synchronize::<B>(&devices);
         drop(grads);
         Ok(WarmUp {
