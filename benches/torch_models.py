@@ -3,6 +3,11 @@ torch.nn.DataParallel(device_ids=[0]), on one CUDA device.
 
     python3 benches/torch_models.py [OUT.csv] [mlp resnet18 encoder]
     python3 benches/torch_models.py --profile MODEL BATCH   # kernels of 10 bare steps
+    python3 benches/torch_models.py --scaling N [OUT.csv] [models]   # N GPUs, per-GPU batch
+
+`--scaling N` keeps the per-GPU batch of the one-GPU rows and runs, per model and batch: the bare
+model on one GPU, nn.DataParallel over GPUs 0..N-1 with N times the batch, and
+DistributedDataParallel with one process per GPU (NCCL), each with the per-GPU batch.
 
 Same layouts as the Rust bench: MLP 1024-4096-4096-10; ResNet-18 (basic blocks, width 64) on
 3x64x64 images; a post-norm transformer encoder (d_model 256, 8 heads, d_ff 1024, 4 layers, no
@@ -13,6 +18,7 @@ each), and torch.cuda.max_memory_allocated. Prints a Markdown table; writes the 
 the Rust bench (backend,model,batch,config,median_ms,samples_per_s,memory_bytes).
 """
 
+import os
 import statistics
 import sys
 import time
@@ -137,7 +143,102 @@ def profile(name, batch, device, steps=10):
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
 
 
+def ddp_worker(rank, world, name, batch, port, results):
+    """One DDP process: times steps on its GPU; rank 0 reports the median."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    device = torch.device(f"cuda:{rank}")
+    torch.manual_seed(0)
+    model, x = model_and_input(name, batch, device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    y = torch.randint(0, CLASSES, (batch,), device=device)
+    optim = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for _ in range(40):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optim.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        results.put(statistics.median(times[10:]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def scaling(gpus, out, models):
+    import torch.multiprocessing as mp
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    print(f"torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
+    print("| backend | model | per-GPU batch | configuration | median step | samples/s | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    rows = ["backend,model,batch,config,median_ms,samples_per_s,memory_bytes"]
+    context = mp.get_context("spawn")
+    for name in models:
+        for batch in BATCHES[name]:
+            one, _ = run(name, batch, False, torch.device("cuda:0"))
+            dp, _ = run_dp(name, batch, gpus)
+            results = context.SimpleQueue()
+            mp.spawn(ddp_worker, args=(gpus, name, batch, 29500 + batch, results), nprocs=gpus)
+            ddp = results.get()
+            for config, median, total in (
+                ("bare, 1 GPU", one, batch),
+                (f"DataParallel {gpus} GPUs", dp, batch * gpus),
+                (f"DDP {gpus} GPUs", ddp, batch * gpus),
+            ):
+                rate, base = total / median, batch / one
+                print(
+                    f"| torch | {name} | {batch} | {config} | {median * 1e3:.3f} ms | "
+                    f"{rate:.0f} | {rate / base:.2f}x |"
+                )
+                rows.append(f"torch,{name},{total},{config},{median * 1e3:.4f},{rate:.1f},")
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(rows) + "\n")
+
+
+def run_dp(name, batch, gpus, warm_up=10, timed=30):
+    """nn.DataParallel over GPUs 0..gpus-1 with `gpus` times the per-GPU batch."""
+    torch.manual_seed(0)
+    device = torch.device("cuda:0")
+    model, x = model_and_input(name, batch * gpus, device)
+    y = torch.randint(0, CLASSES, (batch * gpus,), device=device)
+    model = nn.DataParallel(model, device_ids=list(range(gpus)))
+    optim = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for _ in range(warm_up + timed):
+        start = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optim.step()
+        for d in range(gpus):
+            torch.cuda.synchronize(d)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warm_up:]), None
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--scaling":
+        rest = sys.argv[3:]
+        out = next((a for a in rest if a.endswith(".csv")), None)
+        models = [a for a in rest if a in BATCHES] or list(BATCHES)
+        scaling(int(sys.argv[2]), out, models)
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--profile":
         torch.backends.cuda.matmul.allow_tf32 = True
         profile(sys.argv[2], int(sys.argv[3]), torch.device("cuda:0"))

@@ -15,6 +15,10 @@
 //!
 //! `plot OUT.svg CSV...` draws the chart of earlier runs' CSV files.
 //!
+//! On several GPUs: `TRAIN_STEP_DISTINCT=1` puts replica `i` on device `i` modulo the device
+//! count, and `TRAIN_STEP_SCALE_BATCH=1` multiplies the batch by the replica count, so that
+//! the per-replica batch stays that of the bare row (a scaling run).
+//!
 //! Environment: `TRAIN_STEP_STEPS="WARM,TIMED"` sets the steps per configuration (10,30 on
 //! CUDA); `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes a chart of
 //! samples/s, adding rows of the same CSV layout from `TORCH_CSV` (`benches/torch_models.py`).
@@ -317,6 +321,26 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
+/// Devices for `replicas` replicas: the default device for all, or with `TRAIN_STEP_DISTINCT=1`
+/// device `i` modulo the backend's device count for replica `i`.
+fn replica_devices<B: Backend>(replicas: usize) -> Vec<B::Device> {
+    use burn::tensor::backend::{Device, DeviceId};
+    let default = B::Device::default();
+    if std::env::var("TRAIN_STEP_DISTINCT").as_deref() != Ok("1") {
+        return vec![default; replicas];
+    }
+    let first = default.to_id();
+    let count = B::device_count(first.type_id).max(1);
+    (0..replicas)
+        .map(|i| {
+            B::Device::from_id(DeviceId {
+                type_id: first.type_id,
+                index_id: ((first.index_id as usize + i) % count) as u16,
+            })
+        })
+        .collect()
+}
+
 /// Device memory in use, where the backend can tell.
 type MemoryProbe = fn() -> Option<u64>;
 
@@ -341,6 +365,11 @@ fn run<B: DataParallelBackend>(
     memory: MemoryProbe,
 ) -> Row {
     let device = B::Device::default();
+    let devices = replica_devices::<B>(replicas.max(1));
+    let batch = match std::env::var("TRAIN_STEP_SCALE_BATCH").as_deref() {
+        Ok("1") if replicas > 0 => batch * replicas,
+        _ => batch,
+    };
     let x = input::<B>(model, sizes, batch, &device);
     let y =
         Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, CLASSES as f64), &device);
@@ -349,11 +378,8 @@ fn run<B: DataParallelBackend>(
     let mut optim_dp = SgdConfig::new().init();
     let mut bare = Model::<B>::new(model, sizes, &device);
     let mut dp = (replicas > 0).then(|| {
-        DataParallel::new(
-            Model::<B>::new(model, sizes, &device),
-            vec![device.clone(); replicas],
-        )
-        .expect("settings")
+        DataParallel::new(Model::<B>::new(model, sizes, &device), devices.clone())
+            .expect("settings")
     });
     let sync = || B::sync(&device).expect("sync");
     let (warm_up, timed) = steps;
@@ -402,7 +428,18 @@ fn run<B: DataParallelBackend>(
         batch,
         config: match replicas {
             0 => "bare".to_string(),
-            n => format!("DataParallel x{n}"),
+            n => {
+                let mut distinct: Vec<&B::Device> = Vec::new();
+                for device in &devices {
+                    if !distinct.contains(&device) {
+                        distinct.push(device);
+                    }
+                }
+                match distinct.len() {
+                    1 => format!("DataParallel x{n}"),
+                    k => format!("DataParallel x{n} on {k} devices"),
+                }
+            }
         },
         first: times[0],
         median: median(times[1 + warm_up..].to_vec()),

@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|multi|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -148,6 +148,22 @@ run() {
             TORCH_CSV="$logs/torch_models.csv" \
             step bench-models "$bench_limit" ./train_step ${MODELS_ARGS:-}
     fi
+    if [ "$what" = multi ]; then
+        # Several GPUs: the generic tests with replica i on GPU i (mod the count), the scaling
+        # bench (per-replica batch kept), and PyTorch's DataParallel and DDP beside it.
+        local gpus
+        gpus=$(nvidia-smi -L | wc -l)
+        DATAPARALLEL_TEST_DEVICES=distinct \
+            step tests-multi-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
+        DATAPARALLEL_TEST_DEVICES=distinct \
+            step tests-multi-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
+        step bench-scaling-torch "$bench_limit" python3 "$(pwd)/benches/torch_models.py" \
+            --scaling "$gpus" "$logs/torch_scaling.csv" ${MODELS_ARGS:-}
+        # shellcheck disable=SC2086 # MODELS_ARGS is a list of names
+        TRAIN_STEP_DISTINCT=1 TRAIN_STEP_SCALE_BATCH=1 TRAIN_STEP_CSV="$logs/scaling.csv" \
+            TRAIN_STEP_SVG="$logs/scaling.svg" TORCH_CSV="$logs/torch_scaling.csv" \
+            step bench-scaling "$bench_limit" ./train_step ${MODELS_ARGS:-fusion}
+    fi
     if [ "$what" = cold ]; then
         cold_start "$logs"
     fi
@@ -163,13 +179,15 @@ run() {
         split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
     ls -l "$logs"/aa-cubecl-cache.tgz.*
     echo
-    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-faults tests-kernels-cuda; do
+    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-faults tests-kernels-cuda \
+        tests-multi-fusion tests-multi-cube; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
-    for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models; do
+    for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models \
+        bench-scaling-torch bench-scaling; do
         [ -f "$logs/$name.log" ] && grep -E '^\|' "$logs/$name.log"
     done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
@@ -181,7 +199,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|multi|all]" >&2
         exit 2
         ;;
 esac

@@ -65,8 +65,27 @@ macro_rules! backend_tests {
 
 /// `n` entries of the backend's default device: several replicas on one device exercise every
 /// code path of the pipeline.
+///
+/// With `DATAPARALLEL_TEST_DEVICES=distinct`, replica `i` goes to device `i` modulo the
+/// backend's device count instead (the first is the default device), so that the same tests
+/// run on several GPUs: outputs and gradients must still equal the single-device run.
 pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
-    vec![B::Device::default(); n]
+    use burn::tensor::backend::{Device, DeviceId};
+    let default = B::Device::default();
+    if std::env::var("DATAPARALLEL_TEST_DEVICES").as_deref() != Ok("distinct") {
+        return vec![default; n];
+    }
+    let first = default.to_id();
+    let count = B::device_count(first.type_id).max(1);
+    (0..n)
+        .map(|i| {
+            let index_id = ((first.index_id as usize + i) % count) as u16;
+            B::Device::from_id(DeviceId {
+                type_id: first.type_id,
+                index_id,
+            })
+        })
+        .collect()
 }
 
 /// A two-layer perceptron.
