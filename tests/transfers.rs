@@ -113,3 +113,23 @@ fn profiling_is_off_by_default_and_can_be_switched() {
     let _ = dp.forward_with(input(&device), |m, x| m.forward(x));
     assert_eq!(dp.profile().unwrap(), first, "the last profiled step stays");
 }
+
+#[test]
+fn config_sets_buckets_and_profiling() {
+    let device = Default::default();
+    let model = Mlp::<Autodiff<Flex>>::new(&device);
+    let config = DataParallelConfig::new()
+        .with_bucket_size(4096)
+        .with_profile(true);
+    let dp = config.init(model, vec![device; 2]).unwrap();
+    assert_eq!(dp.bucket_size(), 4096);
+    assert!(dp.is_profiling());
+    // Clones share the switch.
+    let clone = dp.clone();
+    clone.set_profiling(false);
+    assert!(!dp.is_profiling());
+
+    let defaults = DataParallelConfig::new();
+    assert_eq!(defaults.bucket_size, burn_dataparallel::DEFAULT_BUCKET_SIZE);
+    assert!(!defaults.profile);
+}
