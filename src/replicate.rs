@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorPrimitive, backend::Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
 
 use crate::kernels::{self, ConcatBackend};
 use crate::{ops, profile};
@@ -21,7 +22,8 @@ pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
 ///
 /// Under an autodiff backend, every trainable parameter is first given a graph node on the
 /// calling thread (a free reshape to its own shape), and all these nodes are joined into one
-/// autodiff graph. Replicas' forwards on other threads then only add nodes to that one graph
+/// autodiff graph by one graph node that has all of them as parents (no kernel runs).
+/// Replicas' forwards on other threads then only add nodes to that one graph
 /// and never merge two graphs: Burn 0.21's graph locator can lose a node registered by one
 /// thread while another thread merges that node's graph (missing or wrong gradients). A
 /// single replica runs on the calling thread and needs no anchoring.
@@ -57,7 +59,7 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
     let module = match devices.len() {
         1 => module.clone(),
         _ => {
-            let mut anchor = Anchor { probes: Vec::new() };
+            let mut anchor = Anchor { nodes: Vec::new() };
             let module = module.clone().map(&mut anchor);
             anchor.join();
             module
@@ -213,48 +215,34 @@ impl<B: Backend> ModuleVisitor<B> for Initialize {
     }
 }
 
-/// Gives trainable parameters a graph node each and keeps a one-element slice of each node.
+/// Gives trainable parameters a graph node each and keeps those nodes.
 struct Anchor<B: Backend> {
-    probes: Vec<Tensor<B, 1>>,
+    nodes: Vec<FloatTensor<B>>,
 }
 
-impl<B: Backend> Anchor<B> {
-    /// Joins the graphs of all anchored parameters with one operation that has every probe as
-    /// a parent; its output is discarded.
+impl<B: ConcatBackend> Anchor<B> {
+    /// Joins the graphs of all anchored parameters with one graph node that has every
+    /// parameter's node as a parent ([`ConcatBackend::float_join_graphs`]); no kernel runs.
     fn join(self) {
-        if self.probes.len() < 2 {
-            return;
+        if self.nodes.len() >= 2 {
+            B::float_join_graphs(self.nodes);
         }
-        let mut groups: Vec<Vec<Tensor<B, 1>>> = Vec::new();
-        for probe in self.probes {
-            match groups.iter_mut().find(|g| g[0].dtype() == probe.dtype()) {
-                Some(group) => group.push(probe),
-                None => groups.push(vec![probe]),
-            }
-        }
-        let mut joined: Vec<Tensor<B, 1>> = groups.into_iter().map(|g| Tensor::cat(g, 0)).collect();
-        if joined.len() > 1 {
-            joined = joined
-                .into_iter()
-                .map(|t| t.cast(FloatDType::F32))
-                .collect();
-        }
-        let _ = Tensor::cat(joined, 0);
     }
 }
 
 impl<B: Backend> ModuleMapper<B> for Anchor<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let tensor = param.val();
-        let elements = tensor.shape().num_elements();
-        if !tensor.is_require_grad() || elements == 0 {
+        if !tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
             return param;
         }
         param.map(|tensor| {
             let dims = tensor.dims();
             let node = tensor.reshape(dims);
-            self.probes
-                .push(node.clone().reshape([elements]).narrow(0, 0, 1));
+            // Quantized parameters are not trained; only float nodes need joining.
+            if let TensorPrimitive::Float(primitive) = node.clone().into_primitive() {
+                self.nodes.push(primitive);
+            }
             node
         })
     }

@@ -79,6 +79,15 @@ pub trait ConcatBackend: Backend {
             .collect()
     }
 
+    /// Joins the autodiff graphs of `tensors` into one without computing anything: under
+    /// `Autodiff`, one graph node with all of them as parents (its output is discarded);
+    /// elsewhere nothing. Used to prepare one graph before replicas add to it from several
+    /// threads (see [`replicate`](crate::replicate)).
+    #[doc(hidden)]
+    fn float_join_graphs(tensors: Vec<FloatTensor<Self>>) {
+        drop(tensors);
+    }
+
     /// Whether tensors can move between two distinct devices of this backend.
     ///
     /// False where Burn 0.21's `to_device` between two devices is not implemented: CubeCL
