@@ -65,6 +65,27 @@ struct Sizes {
 const CLASSES: usize = 10;
 const VOCAB: usize = 1000;
 
+/// The benchmark's model sizes (on CUDA).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+const CUDA_SIZES: Sizes = Sizes {
+    mlp: [1024, 4096, 4096, CLASSES],
+    image: 64,
+    resnet_width: 64,
+    seq: 128,
+    d_model: 256,
+    layers: 4,
+};
+
+/// Smaller sizes for a CPU run.
+const CPU_SIZES: Sizes = Sizes {
+    mlp: [64, 256, 256, CLASSES],
+    image: 32,
+    resnet_width: 8,
+    seq: 16,
+    d_model: 32,
+    layers: 2,
+};
+
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
     layers: Vec<Linear<B>>,
@@ -739,14 +760,7 @@ fn main() {
         let batch: usize = arg(4).parse().expect("batch size");
         #[cfg(feature = "cuda")]
         {
-            let sizes = Sizes {
-                mlp: [1024, 4096, 4096, CLASSES],
-                image: 64,
-                resnet_width: 64,
-                seq: 128,
-                d_model: 256,
-                layers: 4,
-            };
+            let sizes = CUDA_SIZES;
             match arg(1) {
                 "cube" => cold::<
                     burn::backend::Autodiff<
@@ -763,14 +777,7 @@ fn main() {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let sizes = Sizes {
-                mlp: [64, 256, 256, CLASSES],
-                image: 32,
-                resnet_width: 8,
-                seq: 16,
-                d_model: 32,
-                layers: 2,
-            };
+            let sizes = CPU_SIZES;
             match arg(1) {
                 // CubeCL's wgpu runtime (Mesa's lavapipe without a GPU): its caches show which
                 // operations compile and autotune, as on CUDA.
@@ -812,14 +819,7 @@ fn main() {
     let mut rows = Vec::new();
     #[cfg(feature = "cuda")]
     {
-        let sizes = Sizes {
-            mlp: [1024, 4096, 4096, CLASSES],
-            image: 64,
-            resnet_width: 64,
-            seq: 128,
-            d_model: 256,
-            layers: 4,
-        };
+        let sizes = CUDA_SIZES;
         let batches = models(&[
             ("mlp", [256, 1024]),
             ("resnet18", [64, 256]),
@@ -846,14 +846,7 @@ fn main() {
     }
     if wanted("cpu") || cfg!(not(feature = "cuda")) {
         type B = burn::backend::Autodiff<burn::backend::Flex>;
-        let sizes = Sizes {
-            mlp: [64, 256, 256, CLASSES],
-            image: 32,
-            resnet_width: 8,
-            seq: 16,
-            d_model: 32,
-            layers: 2,
-        };
+        let sizes = CPU_SIZES;
         let batches = models(&[
             ("mlp", [64, 256]),
             ("resnet18", [8, 16]),
