@@ -344,8 +344,15 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         let sink = self.profiler.start(shards.len());
         let sink = sink.as_ref();
         let devices = shards.devices();
-        let mut involved = devices.to_vec();
-        involved.push(self.output_device.clone());
+        // The devices a profiled stage synchronises; none are needed when profiling is off.
+        let involved = match sink {
+            Some(_) => {
+                let mut involved = devices.to_vec();
+                involved.push(self.output_device.clone());
+                involved
+            }
+            None => Vec::new(),
+        };
         let forward = |replica: &M, (shard, input): (usize, I)| {
             profile::replica::<B, _>(sink, shard, &devices[shard], || {
                 forward(replica, input).map_err(Into::into)

@@ -141,8 +141,13 @@ fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
         device,
         skip_local,
         outgoing: Vec::new(),
+        others_elsewhere: false,
     };
     module.visit(&mut collect);
+    if collect.outgoing.is_empty() && !collect.others_elsewhere {
+        // Everything is on `device` already: the copy shares it all, no mapping needed.
+        return module.clone();
+    }
     let outgoing = collect.outgoing;
     let layout: Vec<(DType, bool, usize)> = outgoing
         .iter()
@@ -169,17 +174,23 @@ struct Collect<'a, B: Backend> {
     device: &'a B::Device,
     skip_local: bool,
     outgoing: Vec<Outgoing<B>>,
+    /// Whether a parameter that does not travel in a bucket is on another device.
+    others_elsewhere: bool,
 }
 
 impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = param.val();
         let elements = tensor.shape().num_elements();
-        if elements == 0 || (self.skip_local && tensor.device() == *self.device) {
+        let local = tensor.device() == *self.device;
+        if elements == 0 || (self.skip_local && local) {
+            self.others_elsewhere |= !local;
             return;
         }
         let TensorPrimitive::Float(_) = tensor.clone().into_primitive() else {
-            return; // Quantized parameters move on their own.
+            // Quantized parameters move on their own.
+            self.others_elsewhere |= !local;
+            return;
         };
         self.outgoing.push(Outgoing {
             id: param.id,
@@ -187,6 +198,14 @@ impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
             tracked: tensor.is_require_grad(),
             flat: tensor.reshape([elements]),
         });
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+        self.others_elsewhere |= param.val().device() != *self.device;
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+        self.others_elsewhere |= param.val().device() != *self.device;
     }
 }
 
