@@ -377,6 +377,12 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 .collect(),
         };
         self.sync_running_states();
+        // Burn moves the statistics between devices with its own `to_device`, unfenced.
+        if devices.iter().any(|d| *d != self.output_device) {
+            for device in devices.iter().chain([&self.output_device]) {
+                B::fence_transfers(device);
+            }
+        }
         let outputs = results
             .into_iter()
             .enumerate()

@@ -1,8 +1,8 @@
 //! Combining the replicas' outputs on the output device.
 
-use burn::tensor::{BasicOps, Tensor, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
-use crate::kernels::ConcatKind;
+use crate::kernels::{ConcatBackend, ConcatKind};
 use crate::{DataParallelError, Shards, ops};
 
 /// A value that can be combined from one output per replica.
@@ -88,7 +88,7 @@ fn check_same_shape<const D: usize>(
     }
 }
 
-fn on_output_device<B: Backend, const D: usize, K: BasicOps<B>>(
+fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
     outputs: Vec<Tensor<B, D, K>>,
     shards: &Shards<B>,
 ) -> Vec<Tensor<B, D, K>> {
@@ -109,7 +109,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Gather<B> for Tensor<B, D, K>
     }
 }
 
-impl<B: Backend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
+impl<B: ConcatBackend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
     fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
         check_same_shape(outputs.iter().map(|Mean(t)| t.dims()), None)?;
         let outputs = on_output_device(outputs.into_iter().map(|Mean(t)| t).collect(), shards);
@@ -127,7 +127,7 @@ impl<B: Backend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
     }
 }
 
-impl<B: Backend, const D: usize> Gather<B> for Sum<Tensor<B, D>> {
+impl<B: ConcatBackend, const D: usize> Gather<B> for Sum<Tensor<B, D>> {
     fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
         check_same_shape(outputs.iter().map(|Sum(t)| t.dims()), None)?;
         let outputs = on_output_device(outputs.into_iter().map(|Sum(t)| t).collect(), shards);

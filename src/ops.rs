@@ -3,7 +3,7 @@
 //! Every concatenation, split and device move that scatter and gather perform goes through
 //! these functions; concatenation and splitting run this crate's kernels ([`crate::kernels`]).
 
-use burn::tensor::{BasicOps, Tensor, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 
 use crate::kernels::{self, ConcatKind};
 
@@ -30,8 +30,9 @@ pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
     kernels::split(tensor, sizes, dim)
 }
 
-/// Moves `tensor` to `device`; a tensor already there is returned as it is.
-pub(crate) fn move_to<B: Backend, const D: usize, K: BasicOps<B>>(
+/// Moves `tensor` to `device`, fenced against the reuse of its source buffer; a tensor already
+/// there is returned as it is.
+pub(crate) fn move_to<B: Backend, const D: usize, K: ConcatKind<B>>(
     tensor: Tensor<B, D, K>,
     device: &B::Device,
 ) -> Tensor<B, D, K> {
@@ -40,6 +41,6 @@ pub(crate) fn move_to<B: Backend, const D: usize, K: BasicOps<B>>(
     } else {
         let bytes = tensor.shape().num_elements() * tensor.dtype().size();
         crate::profile::count_move(bytes as u64);
-        tensor.to_device(device)
+        K::move_to(tensor, device)
     }
 }

@@ -268,12 +268,12 @@ impl<B: Backend> ModuleMapper<B> for Anchor<B> {
 }
 
 /// Puts the moved float parameters in place and moves the rest one by one.
-struct MoveTo<'a, B: Backend> {
+struct MoveTo<'a, B: ConcatBackend> {
     device: &'a B::Device,
     arrived: HashMap<ParamId, Tensor<B, 1>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for MoveTo<'_, B> {
+impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         match self.arrived.remove(&param.id) {
             Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),

@@ -71,7 +71,7 @@ where
 }
 
 /// Gathers per-replica losses as the whole-batch mean.
-fn gather_loss<B: Backend>(
+fn gather_loss<B: ConcatBackend>(
     losses: Vec<Tensor<B, 1>>,
     shards: &Shards<B>,
 ) -> Result<Tensor<B, 1>, DataParallelError> {

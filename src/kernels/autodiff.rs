@@ -165,7 +165,7 @@ impl<B: ConcatBackend> Backward<B, 1> for MoveBackward {
             .collect();
         let buffer = B::float_concat(parts, 0);
         let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
-        let moved = B::float_to_device(buffer, &state.source);
+        let moved = B::float_move(buffer, &state.source);
         if let (Some(sink), Some(start)) = (&state.sink, start) {
             profile::synchronize::<B>(std::slice::from_ref(&state.source));
             let mut profile = sink.lock();
@@ -174,6 +174,22 @@ impl<B: ConcatBackend> Backward<B, 1> for MoveBackward {
             profile.reduce_transfers += 1;
         }
         grads.register::<B>(parent.id, moved);
+    }
+}
+
+#[derive(Debug)]
+struct MoveBackBackward;
+
+impl<B: ConcatBackend> Backward<B, 1> for MoveBackBackward {
+    /// The device the tensor came from.
+    type State = B::Device;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let [parent] = ops.parents;
+        if let Some(parent) = parent {
+            grads.register::<B>(parent.id, B::float_move(grad, &ops.state));
+        }
     }
 }
 
@@ -271,6 +287,26 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::device_transfers()
     }
 
+    fn fence_transfers(source: &Self::Device) {
+        B::fence_transfers(source)
+    }
+
+    fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
+        let source = B::float_device(&tensor.primitive);
+        if &source == device {
+            return tensor;
+        }
+        let moved = B::float_move(tensor.primitive, device);
+        match MoveBackBackward
+            .prepare::<C>([tensor.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(source, moved),
+            OpsKind::UnTracked(prep) => prep.finish(moved),
+        }
+    }
+
     fn float_join_graphs(mut tensors: Vec<FloatTensor<Self>>) {
         // Joined in groups of at most 16 parents, then the groups' nodes, until one is left.
         while tensors.len() > 1 {
@@ -290,7 +326,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         device: &Self::Device,
     ) -> Vec<FloatTensor<Self>> {
         let source = B::float_device(&buffer.primitive);
-        let moved = B::float_to_device(buffer.primitive, device);
+        let moved = B::float_move(buffer.primitive, device);
         let pieces = B::float_split(moved.clone(), counts, 0);
         let bucket = Arc::new(Bucket {
             grads: Mutex::new(vec![None; counts.len()]),

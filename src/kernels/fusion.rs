@@ -40,6 +40,12 @@ where
     fn device_transfers() -> bool {
         <R::Server as ServerCommunication>::SERVER_COMM_ENABLED
     }
+
+    fn fence_transfers(source: &Self::Device) {
+        if <R::Server as ServerCommunication>::SERVER_COMM_ENABLED {
+            R::client(source).sync_collective();
+        }
+    }
 }
 
 /// Float or int tensors: which handle accessors a custom operation uses.
@@ -183,5 +189,10 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
 
     fn device_transfers() -> bool {
         B::device_transfers()
+    }
+
+    // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.
+    fn fence_transfers(source: &Self::Device) {
+        B::fence_transfers(source)
     }
 }

@@ -96,6 +96,31 @@ pub trait ConcatBackend: Backend {
         true
     }
 
+    /// Orders later work on `source` after the transfers already queued from it, so that their
+    /// source buffers are not overwritten before they have been read.
+    ///
+    /// CubeCL 0.10 sends between CUDA devices on a separate communication stream and frees the
+    /// source buffer as soon as the send is queued; the next kernel on the source device can
+    /// reuse that memory before the send has read it, and the receiver gets corrupted values.
+    /// On CubeCL runtimes with device-to-device transfers this makes the source's compute
+    /// stream wait for its communication stream; elsewhere it does nothing.
+    fn fence_transfers(source: &Self::Device) {
+        let _ = source;
+    }
+
+    /// Moves a float tensor to `device` (Burn's `to_device`), then fences the source device
+    /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
+    /// gradient back the same way.
+    fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
+        let source = Self::float_device(&tensor);
+        if &source == device {
+            return tensor;
+        }
+        let moved = Self::float_to_device(tensor, device);
+        Self::fence_transfers(&source);
+        moved
+    }
+
     /// Moves a flat float buffer to `device` in one transfer and cuts it there into flat pieces
     /// of `counts` elements: the receiving half of a coalesced transfer.
     ///
@@ -110,7 +135,7 @@ pub trait ConcatBackend: Backend {
         counts: &[usize],
         device: &Self::Device,
     ) -> Vec<FloatTensor<Self>> {
-        Self::float_split(Self::float_to_device(buffer, device), counts, 0)
+        Self::float_split(Self::float_move(buffer, device), counts, 0)
     }
 }
 
@@ -172,6 +197,24 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
         sizes: &[usize],
         dim: usize,
     ) -> Vec<Tensor<B, D, Self>>;
+
+    /// Moves to `device`, fenced against the reuse of the source buffer
+    /// ([`ConcatBackend::fence_transfers`]).
+    fn move_to<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        device: &B::Device,
+    ) -> Tensor<B, D, Self>;
+}
+
+/// Burn's `to_device`, then a fence on the source device.
+fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    let source = tensor.device();
+    let moved = tensor.to_device(device);
+    B::fence_transfers(&source);
+    moved
 }
 
 impl<B: ConcatBackend> ConcatKind<B> for Float {
@@ -200,6 +243,15 @@ impl<B: ConcatBackend> ConcatKind<B> for Float {
             TensorPrimitive::QFloat(_) => tensor.split_with_sizes(sizes.to_vec(), dim),
         }
     }
+
+    fn move_to<const D: usize>(tensor: Tensor<B, D>, device: &B::Device) -> Tensor<B, D> {
+        match tensor.into_primitive() {
+            TensorPrimitive::Float(float) => {
+                Tensor::from_primitive(TensorPrimitive::Float(B::float_move(float, device)))
+            }
+            quantized => fenced_to_device(Tensor::from_primitive(quantized), device),
+        }
+    }
 }
 
 impl<B: ConcatBackend> ConcatKind<B> for Int {
@@ -218,6 +270,10 @@ impl<B: ConcatBackend> ConcatKind<B> for Int {
             .map(Tensor::from_primitive)
             .collect()
     }
+
+    fn move_to<const D: usize>(tensor: Tensor<B, D, Int>, device: &B::Device) -> Tensor<B, D, Int> {
+        fenced_to_device(tensor, device)
+    }
 }
 
 impl<B: ConcatBackend> ConcatKind<B> for Bool {
@@ -231,6 +287,13 @@ impl<B: ConcatBackend> ConcatKind<B> for Bool {
         dim: usize,
     ) -> Vec<Tensor<B, D, Bool>> {
         tensor.split_with_sizes(sizes.to_vec(), dim)
+    }
+
+    fn move_to<const D: usize>(
+        tensor: Tensor<B, D, Bool>,
+        device: &B::Device,
+    ) -> Tensor<B, D, Bool> {
+        fenced_to_device(tensor, device)
     }
 }
 
@@ -377,8 +440,7 @@ pub fn move_split<B: ConcatBackend>(
             .into_iter()
             .map(|piece| Tensor::from_primitive(TensorPrimitive::Float(piece)))
             .collect(),
-        quantized => Tensor::<B, 1>::from_primitive(quantized)
-            .to_device(device)
+        quantized => fenced_to_device(Tensor::<B, 1>::from_primitive(quantized), device)
             .split_with_sizes(counts.to_vec(), 0),
     }
 }
