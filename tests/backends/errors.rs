@@ -201,7 +201,7 @@ fn replica_failures_are_errors<B: DataParallelBackend>() {
             message,
         }) => {
             assert_eq!(replica, 1);
-            assert_eq!(device, format!("{:?}", B::Device::default()));
+            assert_eq!(device, format!("{:?}", dp.replica_devices()[1]));
             assert_eq!(message, "shard of 2 items");
         }
         other => panic!("expected a panic error, got {other:?}"),

@@ -228,7 +228,57 @@ fn warm_up_changes_nothing<B: DataParallelBackend>() {
     ));
 }
 
+/// The step profile accounts for every replica and for the bytes moved: none when the replicas
+/// share the parameters' device; with `DATAPARALLEL_TEST_DEVICES=distinct` on several GPUs,
+/// the whole parameter set once per replica on another device, each in one coalesced transfer
+/// there and one back. The gradients through the transfers equal the single-device run's.
+fn profile_counts_transfers<B: DataParallelBackend>() {
+    let device: B::Device = Default::default();
+    let replicas = devices::<B>(3);
+    let dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), replicas.clone()).unwrap();
+    let bare = copy_of(dp.module());
+    let (x, y) = (random([9, 8], &device), random([9, 4], &device));
+    dp.set_profiling(true);
+    let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| Mean(mse(m, x, y)));
+    let grads = loss.backward();
+    let profile = dp.profile().expect("a profiled step");
+
+    let dtype_size = dp.module().hidden.weight.val().dtype().size() as u64;
+    let param_bytes = dp.module().num_params() as u64 * dtype_size;
+    let others = replicas.iter().filter(|d| **d != device).count();
+    assert_eq!(profile.forward.len(), 3);
+    assert_eq!(profile.bytes_broadcast, others as u64 * param_bytes);
+    assert_eq!(profile.broadcast_transfers, others);
+    assert_eq!(profile.bytes_reduced, others as u64 * param_bytes);
+    assert_eq!(profile.reduce_transfers, others);
+    // Shards of 3 items, inputs of 8 and targets of 4 values.
+    assert_eq!(
+        profile.bytes_scattered,
+        others as u64 * 3 * (8 + 4) * dtype_size
+    );
+    // Each replica's one-element loss comes back to be combined.
+    assert_eq!(profile.bytes_gathered, others as u64 * dtype_size);
+
+    let expected = mse(&bare, x, y).backward();
+    let weight = |m: &Mlp<B>, g| values(m.hidden.weight.val().grad(g).expect("weight gradient"));
+    let bias = |m: &Mlp<B>, g| {
+        let bias = m.output.bias.as_ref().expect("a bias");
+        values(bias.val().grad(g).expect("bias gradient"))
+    };
+    assert_close(
+        &weight(dp.module(), &grads),
+        &weight(&bare, &expected),
+        "weight gradient",
+    );
+    assert_close(
+        &bias(dp.module(), &grads),
+        &bias(&bare, &expected),
+        "bias gradient",
+    );
+}
+
 backend_tests! {
+    profile_transfers => profile_counts_transfers();
     warm_up => warm_up_changes_nothing();
     book_loop => book_loop_is_unchanged();
     sgd_steps => sgd_steps_match_bare();
