@@ -7,7 +7,9 @@ torch.nn.DataParallel(device_ids=[0]), on one CUDA device.
 
 `--scaling N` keeps the per-GPU batch of the one-GPU rows and runs, per model and batch: the bare
 model on one GPU, nn.DataParallel over GPUs 0..N-1 with N times the batch, and
-DistributedDataParallel with one process per GPU (NCCL), each with the per-GPU batch.
+DistributedDataParallel with one process per GPU (NCCL), each with the per-GPU batch; first,
+the GPU 0 to GPU 1 copy rate at a few sizes (the bandwidth the parameter broadcast and gradient
+reduce are measured against). TRAIN_STEP_BATCHES (e.g. "64") keeps only those batch sizes.
 
 Same layouts as the Rust bench: MLP 1024-4096-4096-10; ResNet-18 (basic blocks, width 64) on
 3x64x64 images; a post-norm transformer encoder (d_model 256, 8 heads, d_ff 1024, 4 layers, no
@@ -175,6 +177,41 @@ def ddp_worker(rank, world, name, batch, port, results):
         results.put(statistics.median(times[10:]))
     dist.barrier()
     dist.destroy_process_group()
+    # Leave at once: the CUDA and NCCL teardown of a spawned worker can outlast the bench.
+    os._exit(0)
+
+
+def p2p_bandwidth(size_bytes, repeats=20):
+    """GPU 0 to GPU 1 copy rate of `size_bytes` (GB/s, median of `repeats`), with the copy's
+    end synchronised on both devices, as a transfer inside a step is."""
+    src = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda:0")
+    dst = torch.empty_like(src, device="cuda:1")
+    times = []
+    for _ in range(repeats + 3):
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        times.append(time.perf_counter() - start)
+    return size_bytes / statistics.median(times[3:]) / 1e9
+
+
+def write_csv(out, rows):
+    """Writes the rows so far (after every configuration, so a run stopped early keeps them)."""
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(rows) + "\n")
+
+
+def batches(name):
+    """The model's batch sizes, or those of them listed in TRAIN_STEP_BATCHES."""
+    wanted = os.environ.get("TRAIN_STEP_BATCHES")
+    if not wanted:
+        return BATCHES[name]
+    keep = {int(b) for b in wanted.split(",")}
+    return tuple(b for b in BATCHES[name] if b in keep)
 
 
 def scaling(gpus, out, models):
@@ -186,29 +223,39 @@ def scaling(gpus, out, models):
     print(f"torch {torch.__version__}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")
     print("| backend | model | per-GPU batch | configuration | median step | samples/s | speed-up |")
     print("|---|---|---|---|---|---|---|")
+    if gpus > 1:
+        print("GPU 0 to GPU 1 copy (torch, synchronised):", ", ".join(
+            f"{mb} MB {p2p_bandwidth(mb * 10**6):.1f} GB/s" for mb in (4, 25, 47, 100, 400)))
     rows = ["backend,model,batch,config,median_ms,samples_per_s,memory_bytes"]
     context = mp.get_context("spawn")
     for name in models:
-        for batch in BATCHES[name]:
+        for batch in batches(name):
             one, _ = run(name, batch, False, torch.device("cuda:0"))
             dp, _ = run_dp(name, batch, gpus)
             results = context.SimpleQueue()
             mp.spawn(ddp_worker, args=(gpus, name, batch, 29500 + batch, results), nprocs=gpus)
             ddp = results.get()
-            for config, median, total in (
-                ("bare, 1 GPU", one, batch),
+            configs = [
+                ("bare 1 GPU", one, batch),
                 (f"DataParallel {gpus} GPUs", dp, batch * gpus),
                 (f"DDP {gpus} GPUs", ddp, batch * gpus),
-            ):
+            ]
+            if name == "resnet18":
+                # nn.DataParallel runs replicas on fresh threads every step, and cuDNN's
+                # benchmark results do not carry over to them: also without benchmarking.
+                torch.backends.cudnn.benchmark = False
+                plain, _ = run_dp(name, batch, gpus)
+                torch.backends.cudnn.benchmark = True
+                configs.insert(2, (f"DataParallel {gpus} GPUs cudnn.benchmark off", plain,
+                                   batch * gpus))
+            for config, median, total in configs:
                 rate, base = total / median, batch / one
                 print(
                     f"| torch | {name} | {batch} | {config} | {median * 1e3:.3f} ms | "
                     f"{rate:.0f} | {rate / base:.2f}x |"
                 )
                 rows.append(f"torch,{name},{total},{config},{median * 1e3:.4f},{rate:.1f},")
-    if out:
-        with open(out, "w") as f:
-            f.write("\n".join(rows) + "\n")
+            write_csv(out, rows)
 
 
 def run_dp(name, batch, gpus, warm_up=10, timed=30):
@@ -254,7 +301,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     rows = ["backend,model,batch,config,median_ms,samples_per_s,memory_bytes"]
     for name in models:
-        for batch in BATCHES[name]:
+        for batch in batches(name):
             bare = None
             for config, wrap in (("bare", False), ("DataParallel x1", True)):
                 median, memory = run(name, batch, wrap, device)
@@ -266,9 +313,7 @@ def main():
                 rows.append(
                     f"torch,{name},{batch},{config},{median * 1e3:.4f},{batch / median:.1f},{memory}"
                 )
-    if out:
-        with open(out, "w") as f:
-            f.write("\n".join(rows) + "\n")
+                write_csv(out, rows)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@
 //! the per-replica batch stays that of the bare row (a scaling run).
 //!
 //! Environment: `TRAIN_STEP_STEPS="WARM,TIMED"` sets the steps per configuration (10,30 on
-//! CUDA); `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes a chart of
-//! samples/s, adding rows of the same CSV layout from `TORCH_CSV` (`benches/torch_models.py`).
-//! The device is synchronised at the end of every timed step.
+//! CUDA); `TRAIN_STEP_BATCHES` (e.g. `64,256`) keeps only those of the models' batch sizes;
+//! `TRAIN_STEP_REPLICAS` (default `0,1,2,4`; 0 is the bare model) picks the configurations;
+//! `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes
+//! a chart of samples/s, adding rows of the same CSV layout from `TORCH_CSV`
+//! (`benches/torch_models.py`). The device is synchronised at the end of every timed step.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -478,13 +480,24 @@ fn bench_backend<B: DataParallelBackend>(
     memory: MemoryProbe,
     rows: &mut Vec<Row>,
 ) {
+    let batch_filter = list_from_env("TRAIN_STEP_BATCHES");
+    let replica_counts = list_from_env("TRAIN_STEP_REPLICAS").unwrap_or_else(|| vec![0, 1, 2, 4]);
     for (model, batch_sizes) in batches {
         for &batch in batch_sizes {
+            if batch_filter
+                .as_ref()
+                .is_some_and(|list| !list.contains(&batch))
+            {
+                continue;
+            }
             let mut bare = None;
-            for replicas in [0, 1, 2, 4] {
+            for &replicas in &replica_counts {
                 let row = run::<B>(backend, model, sizes, batch, replicas, steps, memory);
-                let bare = *bare.get_or_insert(row.median);
+                if replicas == 0 {
+                    bare = Some(row.median);
+                }
                 print_row(&row, bare);
+                print_profile(&row);
                 rows.push(row);
                 write_outputs(rows);
             }
@@ -492,7 +505,35 @@ fn bench_backend<B: DataParallelBackend>(
     }
 }
 
-fn print_row(row: &Row, bare: Duration) {
+/// The stage profile of the row's profiled step, and the rates of its transfers between
+/// devices, if any.
+fn print_profile(row: &Row) {
+    let Some(profile) = &row.profile else { return };
+    println!(
+        "profile {} {} b{} {}: {profile}",
+        row.backend, row.model, row.batch, row.config
+    );
+    // Effective rates of the inter-device transfers, stage time included (the replicate stage
+    // also anchors the replicas' graphs).
+    let rate = |bytes: u64, time: Duration| bytes as f64 / time.as_secs_f64() / 1e9;
+    if profile.bytes_broadcast > 0 || profile.bytes_reduced > 0 {
+        println!(
+            "transfers {} {} b{} {}: broadcast {:.1} MB at {:.1} GB/s, reduce {:.1} MB at {:.1} \
+             GB/s",
+            row.backend,
+            row.model,
+            row.batch,
+            row.config,
+            profile.bytes_broadcast as f64 / 1e6,
+            rate(profile.bytes_broadcast, profile.replicate),
+            profile.bytes_reduced as f64 / 1e6,
+            rate(profile.bytes_reduced, profile.backward_transfers),
+        );
+    }
+}
+
+/// One table row; "vs bare" is empty until the bare model's row of the same batch has run.
+fn print_row(row: &Row, bare: Option<Duration>) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let memory = row
         .memory
@@ -509,14 +550,15 @@ fn print_row(row: &Row, bare: Duration) {
         None => "-".into(),
     };
     println!(
-        "| {} | {} | {} | {} | {:.3} ms | {:.0} | {:.3}x | {:.1} s | {} | {} |",
+        "| {} | {} | {} | {} | {:.3} ms | {:.0} | {} | {:.1} s | {} | {} |",
         row.backend,
         row.model,
         row.batch,
         row.config,
         ms(row.median),
         row.samples_per_s(),
-        row.median.as_secs_f64() / bare.as_secs_f64(),
+        bare.map(|b| format!("{:.3}x", row.median.as_secs_f64() / b.as_secs_f64()))
+            .unwrap_or_else(|| "-".into()),
         row.first.as_secs_f64(),
         memory,
         profile,
@@ -644,6 +686,17 @@ fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
         [warm, timed] if timed > 0 => (warm, timed),
         _ => panic!("TRAIN_STEP_STEPS is \"WARM,TIMED\" with TIMED > 0, not {text:?}"),
     }
+}
+
+/// A comma-separated list of numbers from the environment variable `name`, if set.
+fn list_from_env(name: &str) -> Option<Vec<usize>> {
+    let text = std::env::var(name).ok()?;
+    let parsed: Result<Vec<usize>, _> = text.split(',').map(|n| n.trim().parse()).collect();
+    Some(
+        parsed.unwrap_or_else(|_| {
+            panic!("{name} is a comma-separated list of numbers, not {text:?}")
+        }),
+    )
 }
 
 /// `(model, backend and configuration, batch, samples/s)` from CSV text.
@@ -854,13 +907,5 @@ fn main() {
         ]);
         let steps = steps_from_env((2, 5));
         bench_backend::<B>("flex-cpu", sizes, &batches, steps, || None, &mut rows);
-    }
-    for row in rows.iter().filter(|r| r.profile.is_some()) {
-        if let Some(profile) = &row.profile {
-            println!(
-                "profile {} {} b{} {}: {profile}",
-                row.backend, row.model, row.batch, row.config
-            );
-        }
     }
 }

@@ -8,8 +8,9 @@
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
 #
-# Each check has a time limit (TESTS_LIMIT, BENCH_LIMIT seconds) so that a call ends in time
-# to bring its logs back. BENCH_ARGS picks the step-time bench's backends (fusion, cube, cpu),
+# Each check has a time limit (TESTS_LIMIT, BENCH_LIMIT, TORCH_LIMIT seconds) so that a call
+# ends in time to bring its logs back; ONLY="tests-cuda-fusion bench-models ..." runs only the
+# checks named. BENCH_ARGS picks the step-time bench's backends (fusion, cube, cpu),
 # MODELS_ARGS the train-step bench's backends and models (fusion, cube; mlp, resnet18,
 # encoder); SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench. `models`
 # runs the three-model train-step bench and its PyTorch companion, and writes
@@ -111,6 +112,28 @@ run() {
     elif [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
         tar xzf "$BUNDLE/cubecl-cache.tar.gz" -C "$work"
     fi
+    # CubeCL keys its autotune cache by device index (`CubeTuneId`), so every further GPU
+    # would tune every shape again; the GPUs of one machine here are identical, so device 0's
+    # results are added to the others' (SHARE_AUTOTUNE=0 keeps them apart).
+    local gpus tuned i file
+    gpus=$(nvidia-smi -L | wc -l)
+    if [ "${SHARE_AUTOTUNE:-1}" = 1 ]; then
+        for tuned in "$work"/autotune/*/device-*-0-*; do
+            [ -d "$tuned" ] || continue
+            for ((i = 1; i < gpus; i++)); do
+                local other
+                other=$(sed -E "s#/device-([0-9]+)-0-([^/]*)\$#/device-\1-$i-\2#" <<<"$tuned")
+                mkdir -p "$other"
+                for file in "$tuned"/*; do
+                    [ -f "$file" ] || continue
+                    # One JSON entry per line: keep the other device's lines, add device 0's.
+                    cat "$other/${file##*/}" "$file" 2>/dev/null | awk '!seen[$0]++' \
+                        >"$other/${file##*/}.merged"
+                    mv "$other/${file##*/}.merged" "$other/${file##*/}"
+                done
+            done
+        done
+    fi
     for bin in $BINARIES; do
         [ -f "$BUNDLE/$bin.xz" ] || continue
         xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
@@ -121,9 +144,12 @@ run() {
     local table="$logs/summary.md"
     echo "| check | result | seconds |" >"$table"
     echo "|---|---|---|" >>"$table"
-    step() { # name, time limit, command...
+    step() { # name, time limit, command...; ONLY="name..." runs only the steps named
         local name=$1 limit=$2
         shift 2
+        if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+            return 0
+        fi
         local start=$SECONDS status=pass
         (cd "$work" && timeout -k 10 "$limit" "$@") >"$logs/$name.log" 2>&1 || status="FAIL ($?)"
         echo "| $name | $status | $((SECONDS - start)) |" >>"$table"
@@ -133,6 +159,7 @@ run() {
     if [ "$what" = tests ] || [ "$what" = all ]; then
         step tests-cuda-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
+        step tests-cuda-half "$tests_limit" ./backends --test-threads=1 cuda_half::
         step tests-cuda-faults "$tests_limit" ./backends --test-threads=1 --nocapture cuda_faults::
     fi
     if [ "$what" = kernels ] || [ "$what" = all ]; then
@@ -149,19 +176,22 @@ run() {
             step bench-models "$bench_limit" ./train_step ${MODELS_ARGS:-}
     fi
     if [ "$what" = multi ]; then
-        # Several GPUs: the generic tests with replica i on GPU i (mod the count), the scaling
-        # bench (per-replica batch kept), and PyTorch's DataParallel and DDP beside it.
-        local gpus
-        gpus=$(nvidia-smi -L | wc -l)
+        # Several GPUs: the generic tests with replica i on GPU i (mod the count); PyTorch's
+        # DataParallel and DDP with the GPU-to-GPU copy rate (TORCH_LIMIT seconds); the
+        # scaling bench (per-replica batch kept; TRAIN_STEP_REPLICAS puts the all-GPU run
+        # first, so that the GPUs tune at once).
         DATAPARALLEL_TEST_DEVICES=distinct \
             step tests-multi-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         DATAPARALLEL_TEST_DEVICES=distinct \
             step tests-multi-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
-        step bench-scaling-torch "$bench_limit" python3 "$(pwd)/benches/torch_models.py" \
-            --scaling "$gpus" "$logs/torch_scaling.csv" ${MODELS_ARGS:-}
+        # shellcheck disable=SC2086 # MODELS_ARGS is a list of names
+        step bench-scaling-torch "${TORCH_LIMIT:-$bench_limit}" python3 \
+            "$(pwd)/benches/torch_models.py" --scaling "$gpus" "$logs/torch_scaling.csv" \
+            ${MODELS_ARGS:-}
         # shellcheck disable=SC2086 # MODELS_ARGS is a list of names
         TRAIN_STEP_DISTINCT=1 TRAIN_STEP_SCALE_BATCH=1 TRAIN_STEP_CSV="$logs/scaling.csv" \
             TRAIN_STEP_SVG="$logs/scaling.svg" TORCH_CSV="$logs/torch_scaling.csv" \
+            TRAIN_STEP_REPLICAS="${TRAIN_STEP_REPLICAS:-$gpus,0,1,4}" \
             step bench-scaling "$bench_limit" ./train_step ${MODELS_ARGS:-fusion}
     fi
     if [ "$what" = cold ]; then
@@ -179,8 +209,8 @@ run() {
         split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
     ls -l "$logs"/aa-cubecl-cache.tgz.*
     echo
-    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-faults tests-kernels-cuda \
-        tests-multi-fusion tests-multi-cube; do
+    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-half tests-cuda-faults \
+        tests-kernels-cuda tests-multi-fusion tests-multi-cube; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
