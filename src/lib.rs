@@ -147,6 +147,12 @@
 //! skips both compilation and tuning for shapes it has seen; `CUBECL_AUTOTUNE_LEVEL=minimal`
 //! shortens a fresh run's tuning at some cost in kernel choice.
 //!
+//! Autotune results are kept per device index
+//! (`autotune/<version>/device-<type>-<index>-<runtime>/`, CubeCL's `CubeTuneId`), so with
+//! several GPUs every GPU tunes every shape once, each on its replica's thread at the same time
+//! as the others. On identical GPUs, a copy of device 0's folder under the other indices'
+//! names lets them skip it (`scripts/gpu-check.sh` does so).
+//!
 //! # Coming from `torch.nn.DataParallel`
 //!
 //! | PyTorch | here |
