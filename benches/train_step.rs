@@ -675,16 +675,10 @@ fn write_outputs(rows: &[Row]) {
 
 /// Warm-up and timed steps per configuration: `TRAIN_STEP_STEPS="WARM,TIMED"` or `default`.
 fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
-    let Ok(text) = std::env::var("TRAIN_STEP_STEPS") else {
-        return default;
-    };
-    let parsed: Vec<usize> = text
-        .split(',')
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    match parsed[..] {
-        [warm, timed] if timed > 0 => (warm, timed),
-        _ => panic!("TRAIN_STEP_STEPS is \"WARM,TIMED\" with TIMED > 0, not {text:?}"),
+    match list_from_env("TRAIN_STEP_STEPS").as_deref() {
+        None => default,
+        Some(&[warm, timed]) if timed > 0 => (warm, timed),
+        Some(other) => panic!("TRAIN_STEP_STEPS is \"WARM,TIMED\" with TIMED > 0, not {other:?}"),
     }
 }
 

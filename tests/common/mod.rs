@@ -39,6 +39,18 @@ pub type CubeAd =
 /// `body::<Backend>(args)`. Attributes written before `name` apply to the Flex variant only.
 #[macro_export]
 macro_rules! backend_tests {
+    // One CUDA backend's module: its tolerance is set on the test thread first.
+    (@cuda $module:ident, $tolerance:ident, $backend:ident;
+        $($name:ident => $body:ident ( $($arg:expr),* );)*) => {
+        #[cfg(feature = "cuda")]
+        mod $module {
+            use super::*;
+            $(#[test] fn $name() {
+                $crate::common::set_tolerance($crate::common::$tolerance);
+                $body::<$crate::common::$backend>($($arg),*)
+            })*
+        }
+    };
     ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* );)*) => {
         mod flex {
             use super::*;
@@ -48,30 +60,12 @@ macro_rules! backend_tests {
             use super::*;
             $(#[test] fn $name() { $body::<$crate::common::NdArrayAd>($($arg),*) })*
         }
-        #[cfg(feature = "cuda")]
-        mod cuda_fusion {
-            use super::*;
-            $(#[test] fn $name() {
-                $crate::common::set_tolerance($crate::common::TF32_TOLERANCE);
-                $body::<$crate::common::CudaAd>($($arg),*)
-            })*
-        }
-        #[cfg(feature = "cuda")]
-        mod cuda_cube {
-            use super::*;
-            $(#[test] fn $name() {
-                $crate::common::set_tolerance($crate::common::TF32_TOLERANCE);
-                $body::<$crate::common::CubeAd>($($arg),*)
-            })*
-        }
-        #[cfg(feature = "cuda")]
-        mod cuda_half {
-            use super::*;
-            $(#[test] fn $name() {
-                $crate::common::set_tolerance($crate::common::HALF_TOLERANCE);
-                $body::<$crate::common::CudaHalfAd>($($arg),*)
-            })*
-        }
+        $crate::backend_tests!(@cuda cuda_fusion, TF32_TOLERANCE, CudaAd;
+            $($name => $body($($arg),*);)*);
+        $crate::backend_tests!(@cuda cuda_cube, TF32_TOLERANCE, CubeAd;
+            $($name => $body($($arg),*);)*);
+        $crate::backend_tests!(@cuda cuda_half, HALF_TOLERANCE, CudaHalfAd;
+            $($name => $body($($arg),*);)*);
     };
 }
 
