@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use crate::kernels::ConcatBackend;
 use crate::parallel_apply::{Workers, run};
 use crate::profile::{self, Profiler, Stage};
-use crate::replicate::{initialize, replicate_with_buckets};
+use crate::replicate::{bring_states_home, initialize, replicate_with_buckets};
 use crate::{
     BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Shards, StepProfile,
 };
@@ -376,9 +376,17 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 .map(|(replica, input)| run(replica, input, &forward))
                 .collect(),
         };
+        let spans_devices = devices.iter().any(|d| *d != self.output_device);
+        if spans_devices {
+            // The synchronisation below may move statistics between devices (Burn's `to_device`).
+            for device in devices.iter().chain([&self.output_device]) {
+                B::fence_receive(device);
+            }
+        }
         self.sync_running_states();
-        // Burn moves the statistics between devices with its own `to_device`, unfenced.
-        if devices.iter().any(|d| *d != self.output_device) {
+        if spans_devices {
+            bring_states_home(&self.module, &self.output_device);
+            // Burn moves the statistics between devices with its own `to_device`, unfenced.
             for device in devices.iter().chain([&self.output_device]) {
                 B::fence_transfers(device);
             }

@@ -28,6 +28,10 @@ pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
 /// thread while another thread merges that node's graph (missing or wrong gradients). A
 /// single replica runs on the calling thread and needs no anchoring.
 ///
+/// Running states (Burn's `RunningState`, e.g. batch-norm statistics) are shared by a module
+/// and all its clones, so every replica reads the one value, which stays where the module
+/// holds it; a replica on another device moves it in its own forward.
+///
 /// # Example
 ///
 /// ```
@@ -65,8 +69,9 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
             module
         }
     };
+    let states = (devices.len() > 1).then(|| States::note(&module));
     let mut copies: Vec<(&B::Device, M)> = Vec::new();
-    devices
+    let replicas = devices
         .iter()
         .map(|device| match copies.iter().find(|(d, _)| *d == device) {
             Some((_, copy)) => copy.clone(),
@@ -76,7 +81,112 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
                 copy
             }
         })
-        .collect()
+        .collect();
+    if let Some(states) = states {
+        states.restore(&module);
+    }
+    replicas
+}
+
+/// The untracked float tensors of a module (running states, frozen parameters) where they
+/// were before replicas were made.
+///
+/// Burn's `RunningState` (batch-norm statistics) keeps its value behind an `Arc` that every
+/// clone of a module shares, so mapping a copy onto another device moves the value of the
+/// original and of every other replica too. [`States::restore`] puts such values back, so
+/// that they stay on the module's device: replicas on that device then read them with no
+/// transfer, and the wrapped module is not left with statistics scattered over the GPUs.
+struct States<B: Backend> {
+    tensors: HashMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: Backend> States<B> {
+    fn note<M: Module<B>>(module: &M) -> Self {
+        let mut states = Self {
+            tensors: HashMap::new(),
+        };
+        module.visit(&mut states);
+        states
+    }
+
+    /// Puts back every noted value that a replica moved to another device; the noted tensors
+    /// are the moved values' sources, so nothing is copied.
+    fn restore<M: Module<B>>(self, module: &M) {
+        let _ = module.clone().map(&mut Restore {
+            tensors: self.tensors,
+        });
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for States<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if !tensor.is_require_grad() {
+            self.tensors.insert(param.id, tensor.into_primitive());
+        }
+    }
+}
+
+struct Restore<B: Backend> {
+    tensors: HashMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Restore<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(noted) = self.tensors.remove(&param.id) else {
+            return param;
+        };
+        let noted = Tensor::<B, D>::from_primitive(noted);
+        param.map(|tensor| {
+            if tensor.device() == noted.device() {
+                tensor
+            } else {
+                noted
+            }
+        })
+    }
+}
+
+/// Moves every float tensor of `module` that is not on `device` back there, in place: what
+/// reaches the module's running states, which its clones share. The sources are not fenced;
+/// the caller fences the devices involved.
+///
+/// After the replicas' forwards, Burn averages batch-norm statistics on whichever replica's
+/// device comes first; this brings them back to the module's device.
+pub(crate) fn bring_states_home<B: ConcatBackend, M: Module<B>>(module: &M, device: &B::Device) {
+    let mut away = Away {
+        device,
+        found: false,
+    };
+    module.visit(&mut away);
+    if away.found {
+        B::fence_receive(device);
+        let _ = module.clone().map(&mut Home { device });
+    }
+}
+
+struct Away<'a, B: Backend> {
+    device: &'a B::Device,
+    found: bool,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Away<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.found |= param.val().device() != *self.device;
+    }
+}
+
+struct Home<'a, B: Backend> {
+    device: &'a B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Home<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if param.val().device() == *self.device {
+            return param;
+        }
+        param.map(|tensor| tensor.to_device(self.device))
+    }
 }
 
 /// A float parameter bound for another device, flattened.

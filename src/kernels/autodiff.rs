@@ -291,6 +291,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::fence_transfers(source)
     }
 
+    fn fence_receive(destination: &Self::Device) {
+        B::fence_receive(destination)
+    }
+
     fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
         let source = B::float_device(&tensor.primitive);
         if &source == device {

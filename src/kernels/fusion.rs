@@ -46,6 +46,23 @@ where
             R::client(source).sync_collective();
         }
     }
+
+    fn fence_receive(destination: &Self::Device) {
+        use burn::tensor::backend::Device;
+        use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
+        use burn_cubecl::cubecl::server::ReduceOperation;
+        if <R::Server as ServerCommunication>::SERVER_COMM_ENABLED {
+            let mut client = R::client(destination);
+            let handle = client.empty(4);
+            client.all_reduce(
+                handle.clone(),
+                handle,
+                ElemType::Float(FloatKind::F32),
+                vec![destination.to_id()],
+                ReduceOperation::Sum,
+            );
+        }
+    }
 }
 
 /// Float or int tensors: which handle accessors a custom operation uses.
@@ -194,5 +211,9 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
     // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.
     fn fence_transfers(source: &Self::Device) {
         B::fence_transfers(source)
+    }
+
+    fn fence_receive(destination: &Self::Device) {
+        B::fence_receive(destination)
     }
 }

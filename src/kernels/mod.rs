@@ -108,7 +108,22 @@ pub trait ConcatBackend: Backend {
         let _ = source;
     }
 
-    /// Moves a float tensor to `device` (Burn's `to_device`), then fences the source device
+    /// Orders a transfer into `destination` after the work the calling thread has queued
+    /// there, so that the transfer cannot overwrite memory that work still reads.
+    ///
+    /// CubeCL 0.10 receives on the destination's communication stream into memory reserved
+    /// from the compute stream's pool without waiting for that stream: memory freed by a
+    /// kernel still queued can be overwritten before the kernel reads it (seen as
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` when that memory held indices). On CubeCL runtimes with
+    /// device-to-device transfers this makes the destination's communication stream wait for
+    /// the calling thread's compute stream (a one-device all-reduce of four bytes, the one
+    /// operation that orders them that way); elsewhere it does nothing.
+    fn fence_receive(destination: &Self::Device) {
+        let _ = destination;
+    }
+
+    /// Moves a float tensor to `device` (Burn's `to_device`) between a fence on the
+    /// destination ([`fence_receive`](Self::fence_receive)) and one on the source
     /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
     /// gradient back the same way.
     fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
@@ -116,6 +131,7 @@ pub trait ConcatBackend: Backend {
         if &source == device {
             return tensor;
         }
+        Self::fence_receive(device);
         let moved = Self::float_to_device(tensor, device);
         Self::fence_transfers(&source);
         moved
@@ -206,12 +222,13 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
     ) -> Tensor<B, D, Self>;
 }
 
-/// Burn's `to_device`, then a fence on the source device.
+/// Burn's `to_device` between fences on the destination and the source.
 fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
     tensor: Tensor<B, D, K>,
     device: &B::Device,
 ) -> Tensor<B, D, K> {
     let source = tensor.device();
+    B::fence_receive(device);
     let moved = tensor.to_device(device);
     B::fence_transfers(&source);
     moved

@@ -52,6 +52,11 @@ fn running_statistics_average_the_shards<B: DataParallelBackend>() {
         let sizes = dp.shards(&input).unwrap().sizes().to_vec();
         let expected = expected_statistics(dp.module(), input.clone().split_with_sizes(sizes, 0));
         let _ = dp.forward_with(input, |m, x| m.forward(x));
+        assert_eq!(
+            dp.module().devices(),
+            vec![dp.output_device().clone()],
+            "the statistics stay on the module's device"
+        );
         let actual = statistics(dp.module());
         assert_close(
             &actual.0,
