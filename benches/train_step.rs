@@ -584,14 +584,34 @@ fn csv(rows: &[Row]) -> String {
     out
 }
 
+/// How many replicas (or GPUs) a configuration name says it runs: `n` in "DataParallel xn",
+/// `N` in "DDP N GPUs"; 1 for the bare model.
+fn replica_count(config: &str) -> usize {
+    let words: Vec<&str> = config.split_whitespace().collect();
+    let after_x = words
+        .iter()
+        .find_map(|w| w.strip_prefix('x').and_then(|n| n.parse().ok()));
+    let before_gpus = words
+        .windows(2)
+        .find(|w| w[1].starts_with("GPU"))
+        .and_then(|w| w[0].parse().ok());
+    after_x.or(before_gpus).unwrap_or(1).max(1)
+}
+
 /// A grouped bar chart of samples/s: one panel per model and batch size, one bar per
-/// configuration, each panel scaled to its own maximum.
-fn svg(records: &[(String, String, usize, f64)]) -> String {
+/// configuration, each panel scaled to its own maximum. With `per_replica`, rows are grouped
+/// by their batch per replica (the scaling runs, whose batch grows with the replicas).
+fn svg(records: &[(String, String, usize, f64)], per_replica: bool) -> String {
+    let group_batch = |config: &str, batch: usize| match per_replica {
+        true => batch / replica_count(config),
+        false => batch,
+    };
     let mut groups: Vec<(String, usize)> = Vec::new();
     let mut configs: Vec<String> = Vec::new();
     for (model, config, batch, _) in records {
-        if !groups.contains(&(model.clone(), *batch)) {
-            groups.push((model.clone(), *batch));
+        let key = (model.clone(), group_batch(config, *batch));
+        if !groups.contains(&key) {
+            groups.push(key);
         }
         if !configs.contains(config) {
             configs.push(config.clone());
@@ -607,13 +627,15 @@ fn svg(records: &[(String, String, usize, f64)]) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
          font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" \
          fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Training samples/s per \
-         model and batch size (bar label: samples/s)</text>\n"
+         model and batch size{} (bar label: samples/s)</text>\n",
+        if per_replica { " per replica" } else { "" }
     );
+    let suffix = if per_replica { "/replica" } else { "" };
     for (g, (model, batch)) in groups.iter().enumerate() {
         let x0 = left + panel_w * g as f64;
         let in_group: Vec<_> = records
             .iter()
-            .filter(|r| &r.0 == model && r.2 == *batch)
+            .filter(|r| &r.0 == model && group_batch(&r.1, r.2) == *batch)
             .collect();
         let max = in_group.iter().map(|r| r.3).fold(1e-9, f64::max);
         for r in &in_group {
@@ -633,7 +655,7 @@ fn svg(records: &[(String, String, usize, f64)]) -> String {
         }
         let _ = writeln!(
             out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{model} b{batch}</text>",
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{model} b{batch}{suffix}</text>",
             x0 + panel_w / 2.0,
             top + panel_h + 16.0
         );
@@ -669,7 +691,8 @@ fn write_outputs(rows: &[Row]) {
                 Err(error) => eprintln!("no PyTorch results at {torch}: {error}"),
             }
         }
-        std::fs::write(&path, svg(&records)).expect("write the chart");
+        let per_replica = std::env::var("TRAIN_STEP_SCALE_BATCH").as_deref() == Ok("1");
+        std::fs::write(&path, svg(&records, per_replica)).expect("write the chart");
     }
 }
 
@@ -786,15 +809,16 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    if args.first().map(String::as_str) == Some("plot") {
-        // plot OUT.svg CSV...: the chart of earlier runs' CSV files.
+    if let Some(mode @ ("plot" | "plot-scaling")) = args.first().map(String::as_str) {
+        // plot OUT.svg CSV...: the chart of earlier runs' CSV files; plot-scaling groups rows
+        // by batch per replica.
         let out = args.get(1).expect("plot OUT.svg CSV...");
         let mut records = Vec::new();
         for path in &args[2..] {
             let text = std::fs::read_to_string(path).expect("read a CSV");
             records.extend(parse_csv(&text));
         }
-        std::fs::write(out, svg(&records)).expect("write the chart");
+        std::fs::write(out, svg(&records, mode == "plot-scaling")).expect("write the chart");
         return;
     }
     if args.first().map(String::as_str) == Some("cold") {
