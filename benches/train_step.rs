@@ -13,7 +13,14 @@
 //! of the first steps (the first through `DataParallel::warm_up` when `REPLICAS` > 0), and
 //! when steps reach steady state (within 1.5x of the median of the last ten of 40).
 //!
-//! `plot OUT.svg CSV...` draws the chart of earlier runs' CSV files.
+//! `plot OUT.svg CSV...` draws the chart of earlier runs' CSV files; `plot-scaling` groups
+//! their rows by batch per replica.
+//!
+//! `resnet18-nobn`, run only when named, is the ResNet-18 without batch norm: a diagnostic for
+//! running states on several GPUs (`benches/RESULTS.md`).
+//!
+//! Repeating a configuration in `TRAIN_STEP_REPLICAS` (e.g. `0,1,0,1`) measures it again in the
+//! same process, which shows how much rows vary.
 //!
 //! On several GPUs: `TRAIN_STEP_DISTINCT=1` puts replica `i` on device `i` modulo the device
 //! count, and `TRAIN_STEP_SCALE_BATCH=1` multiplies the batch by the replica count, so that
@@ -119,15 +126,23 @@ impl<B: Backend> Mlp<B> {
 }
 
 /// A ResNet basic block: two 3x3 convolutions with batch norm, and a 1x1 projection on the
-/// shortcut where the shape changes.
+/// shortcut where the shape changes. Without batch norm (`None`) in the diagnostic variant.
 #[derive(Module, Debug)]
 struct Block<B: Backend> {
     conv1: Conv2d<B>,
-    bn1: BatchNorm<B>,
+    bn1: Option<BatchNorm<B>>,
     conv2: Conv2d<B>,
-    bn2: BatchNorm<B>,
-    shortcut: Option<(Conv2d<B>, BatchNorm<B>)>,
+    bn2: Option<BatchNorm<B>>,
+    shortcut: Option<(Conv2d<B>, Option<BatchNorm<B>>)>,
     relu: Relu,
+}
+
+/// `x` through `bn`, if there is one.
+fn normed<B: Backend>(bn: &Option<BatchNorm<B>>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    match bn {
+        Some(bn) => bn.forward(x),
+        None => x,
+    }
 }
 
 fn conv<B: Backend>(from: usize, to: usize, k: usize, stride: usize, d: &B::Device) -> Conv2d<B> {
@@ -139,18 +154,15 @@ fn conv<B: Backend>(from: usize, to: usize, k: usize, stride: usize, d: &B::Devi
 }
 
 impl<B: Backend> Block<B> {
-    fn new(from: usize, to: usize, stride: usize, device: &B::Device) -> Self {
-        let shortcut = (stride != 1 || from != to).then(|| {
-            (
-                conv(from, to, 1, stride, device),
-                BatchNormConfig::new(to).init(device),
-            )
-        });
+    fn new(from: usize, to: usize, stride: usize, norm: bool, device: &B::Device) -> Self {
+        let bn = || norm.then(|| BatchNormConfig::new(to).init(device));
+        let shortcut =
+            (stride != 1 || from != to).then(|| (conv(from, to, 1, stride, device), bn()));
         Self {
             conv1: conv(from, to, 3, stride, device),
-            bn1: BatchNormConfig::new(to).init(device),
+            bn1: bn(),
             conv2: conv(to, to, 3, 1, device),
-            bn2: BatchNormConfig::new(to).init(device),
+            bn2: bn(),
             shortcut,
             relu: Relu::new(),
         }
@@ -159,10 +171,10 @@ impl<B: Backend> Block<B> {
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let y = self
             .relu
-            .forward(self.bn1.forward(self.conv1.forward(x.clone())));
-        let y = self.bn2.forward(self.conv2.forward(y));
+            .forward(normed(&self.bn1, self.conv1.forward(x.clone())));
+        let y = normed(&self.bn2, self.conv2.forward(y));
         let skip = match &self.shortcut {
-            Some((conv, bn)) => bn.forward(conv.forward(x)),
+            Some((conv, bn)) => normed(bn, conv.forward(x)),
             None => x,
         };
         self.relu.forward(y + skip)
@@ -173,7 +185,7 @@ impl<B: Backend> Block<B> {
 #[derive(Module, Debug)]
 struct ResNet<B: Backend> {
     stem: Conv2d<B>,
-    bn: BatchNorm<B>,
+    bn: Option<BatchNorm<B>>,
     pool: MaxPool2d,
     blocks: Vec<Block<B>>,
     avg: AdaptiveAvgPool2d,
@@ -182,18 +194,19 @@ struct ResNet<B: Backend> {
 }
 
 impl<B: Backend> ResNet<B> {
-    fn new(width: usize, device: &B::Device) -> Self {
+    fn new(width: usize, norm: bool, device: &B::Device) -> Self {
         let mut blocks = Vec::new();
         let mut from = width;
         for (stage, mult) in [1, 2, 4, 8].into_iter().enumerate() {
             let to = width * mult;
-            blocks.push(Block::new(from, to, if stage == 0 { 1 } else { 2 }, device));
-            blocks.push(Block::new(to, to, 1, device));
+            let stride = if stage == 0 { 1 } else { 2 };
+            blocks.push(Block::new(from, to, stride, norm, device));
+            blocks.push(Block::new(to, to, 1, norm, device));
             from = to;
         }
         Self {
             stem: conv(3, width, 7, 2, device),
-            bn: BatchNormConfig::new(width).init(device),
+            bn: norm.then(|| BatchNormConfig::new(width).init(device)),
             pool: MaxPool2dConfig::new([3, 3])
                 .with_strides([2, 2])
                 .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
@@ -208,7 +221,7 @@ impl<B: Backend> ResNet<B> {
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let mut x = self
             .pool
-            .forward(self.relu.forward(self.bn.forward(self.stem.forward(x))));
+            .forward(self.relu.forward(normed(&self.bn, self.stem.forward(x))));
         for block in &self.blocks {
             x = block.forward(x);
         }
@@ -256,7 +269,9 @@ impl<B: Backend> Model<B> {
     fn new(name: &str, sizes: Sizes, device: &B::Device) -> Self {
         match name {
             "mlp" => Model::Mlp(Mlp::new(&sizes.mlp, device)),
-            "resnet18" => Model::ResNet(ResNet::new(sizes.resnet_width, device)),
+            "resnet18" => Model::ResNet(ResNet::new(sizes.resnet_width, true, device)),
+            // Diagnostic: the same network without batch norm (no running states).
+            "resnet18-nobn" => Model::ResNet(ResNet::new(sizes.resnet_width, false, device)),
             _ => Model::Encoder(Encoder::new(sizes.d_model, sizes.layers, device)),
         }
     }
@@ -275,7 +290,7 @@ fn input<B: Backend>(name: &str, sizes: Sizes, batch: usize, device: &B::Device)
     let normal = Distribution::Normal(0.0, 1.0);
     match name {
         "mlp" => Input::Features(Tensor::random([batch, sizes.mlp[0]], normal, device)),
-        "resnet18" => Input::Images(Tensor::random(
+        "resnet18" | "resnet18-nobn" => Input::Images(Tensor::random(
             [batch, 3, sizes.image, sizes.image],
             normal,
             device,
@@ -876,7 +891,9 @@ fn main() {
     let models = |list: &[(&'static str, [usize; 2])]| -> Vec<(&'static str, [usize; 2])> {
         let picked: Vec<_> = list.iter().filter(|(m, _)| wanted(m)).copied().collect();
         if picked.is_empty() {
-            list.to_vec()
+            // Diagnostic variants run only when named.
+            let main = list.iter().filter(|(m, _)| !m.ends_with("-nobn"));
+            main.copied().collect()
         } else {
             picked
         }
@@ -894,6 +911,7 @@ fn main() {
         let batches = models(&[
             ("mlp", [256, 1024]),
             ("resnet18", [64, 256]),
+            ("resnet18-nobn", [64, 256]),
             ("encoder", [32, 128]),
         ]);
         let steps = steps_from_env((10, 30));
@@ -921,6 +939,7 @@ fn main() {
         let batches = models(&[
             ("mlp", [64, 256]),
             ("resnet18", [8, 16]),
+            ("resnet18-nobn", [8, 16]),
             ("encoder", [8, 16]),
         ]);
         let steps = steps_from_env((2, 5));
