@@ -509,7 +509,7 @@ fn bench_backend<B: DataParallelBackend>(
             for &replicas in &replica_counts {
                 let row = run::<B>(backend, model, sizes, batch, replicas, steps, memory);
                 if replicas == 0 {
-                    bare = Some(row.median);
+                    bare = Some(row.samples_per_s());
                 }
                 print_row(&row, bare);
                 print_profile(&row);
@@ -547,8 +547,10 @@ fn print_profile(row: &Row) {
     }
 }
 
-/// One table row; "vs bare" is empty until the bare model's row of the same batch has run.
-fn print_row(row: &Row, bare: Option<Duration>) {
+/// One table row. "vs bare" is the time per sample relative to the bare model's (below 1 is
+/// faster): the step-time ratio at the same batch, and 1 / speed-up in a scaling run, whose
+/// batch grows with the replicas. Empty until the bare model's row has run.
+fn print_row(row: &Row, bare_samples_per_s: Option<f64>) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let memory = row
         .memory
@@ -572,7 +574,8 @@ fn print_row(row: &Row, bare: Option<Duration>) {
         row.config,
         ms(row.median),
         row.samples_per_s(),
-        bare.map(|b| format!("{:.3}x", row.median.as_secs_f64() / b.as_secs_f64()))
+        bare_samples_per_s
+            .map(|b| format!("{:.3}x", b / row.samples_per_s()))
             .unwrap_or_else(|| "-".into()),
         row.first.as_secs_f64(),
         memory,
