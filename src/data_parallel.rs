@@ -344,14 +344,17 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         let sink = self.profiler.start(shards.len());
         let sink = sink.as_ref();
         let devices = shards.devices();
-        // The devices a profiled stage synchronises; none are needed when profiling is off.
-        let involved = match sink {
-            Some(_) => {
-                let mut involved = devices.to_vec();
-                involved.push(self.output_device.clone());
-                involved
+        // Each device once: the output device and the replicas' devices.
+        let mut distinct = vec![self.output_device.clone()];
+        for device in devices {
+            if !distinct.contains(device) {
+                distinct.push(device.clone());
             }
-            None => Vec::new(),
+        }
+        // The devices a profiled stage synchronises; none are needed when profiling is off.
+        let involved: &[B::Device] = match sink {
+            Some(_) => &distinct,
+            None => &[],
         };
         let forward = |replica: &M, (shard, input): (usize, I)| {
             profile::replica::<B, _>(sink, shard, &devices[shard], || {
@@ -359,9 +362,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             })
         };
         let inputs =
-            profile::stage::<B, _>(sink, Stage::Scatter, &involved, || input.scatter(&shards));
+            profile::stage::<B, _>(sink, Stage::Scatter, involved, || input.scatter(&shards));
         let inputs = inputs.into_iter().enumerate();
-        let replicas = profile::stage::<B, _>(sink, Stage::Replicate, &involved, || {
+        let replicas = profile::stage::<B, _>(sink, Stage::Replicate, involved, || {
             replicate_with_buckets(&self.module, devices, self.bucket_size)
         });
         let results = match &self.workers {
@@ -376,10 +379,10 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 .map(|(replica, input)| run(replica, input, &forward))
                 .collect(),
         };
-        let spans_devices = devices.iter().any(|d| *d != self.output_device);
+        let spans_devices = distinct.len() > 1;
         if spans_devices {
             // The synchronisation below may move statistics between devices (Burn's `to_device`).
-            for device in devices.iter().chain([&self.output_device]) {
+            for device in &distinct {
                 B::fence_receive(device);
             }
         }
@@ -387,7 +390,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         if spans_devices {
             bring_states_home(&self.module, &self.output_device);
             // Burn moves the statistics between devices with its own `to_device`, unfenced.
-            for device in devices.iter().chain([&self.output_device]) {
+            for device in &distinct {
                 B::fence_transfers(device);
             }
         }
@@ -401,7 +404,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 })
             })
             .collect::<Result<Vec<O>, _>>()?;
-        profile::stage::<B, _>(sink, Stage::Gather, &involved, || {
+        profile::stage::<B, _>(sink, Stage::Gather, involved, || {
             O::gather(outputs, &shards)
         })
     }

@@ -30,8 +30,8 @@ pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
     kernels::split(tensor, sizes, dim)
 }
 
-/// Moves `tensor` to `device`, fenced against the reuse of its source buffer; a tensor already
-/// there is returned as it is.
+/// Moves `tensor` to `device`, fenced on both sides ([`ConcatKind::move_to`]); a tensor
+/// already there is returned as it is.
 pub(crate) fn move_to<B: Backend, const D: usize, K: ConcatKind<B>>(
     tensor: Tensor<B, D, K>,
     device: &B::Device,

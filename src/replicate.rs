@@ -69,7 +69,10 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
             module
         }
     };
-    let states = (devices.len() > 1).then(|| States::note(&module));
+    // Only a copy mapped onto a device the module is not on can move shared states.
+    let home = module.devices();
+    let elsewhere = devices.iter().any(|device| !home.contains(device));
+    let states = (devices.len() > 1 && elsewhere).then(|| States::note(&module));
     let mut copies: Vec<(&B::Device, M)> = Vec::new();
     let replicas = devices
         .iter()

@@ -214,7 +214,8 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
         dim: usize,
     ) -> Vec<Tensor<B, D, Self>>;
 
-    /// Moves to `device`, fenced against the reuse of the source buffer
+    /// Moves to `device` between a fence on the destination
+    /// ([`ConcatBackend::fence_receive`]) and one on the source
     /// ([`ConcatBackend::fence_transfers`]).
     fn move_to<const D: usize>(
         tensor: Tensor<B, D, Self>,
