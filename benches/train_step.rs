@@ -418,6 +418,7 @@ fn run<B: DataParallelBackend>(
     let mut dp = (replicas > 0).then(|| {
         DataParallel::new(Model::<B>::new(model, sizes, &device), devices.clone())
             .expect("settings")
+            .with_running_states_per_device()
     });
     let sync = || B::sync(&device).expect("sync");
     let (warm_up, timed) = steps;

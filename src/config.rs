@@ -45,6 +45,11 @@ pub struct DataParallelConfig {
     /// [`DataParallel::set_profiling`]).
     #[config(default = false)]
     pub profile: bool,
+    /// Under `Autodiff`, whether each replica's backward runs on its own worker thread, at the
+    /// same time as the others (see the crate docs, "The pipeline"). Off: Burn runs the
+    /// backward of every replica on the calling thread, one graph for all.
+    #[config(default = true)]
+    pub parallel_backward: bool,
 }
 
 impl DataParallelConfig {
@@ -70,6 +75,9 @@ impl DataParallelConfig {
             self.bucket_size,
         )?;
         dp.set_profiling(self.profile);
-        Ok(dp)
+        Ok(DataParallel {
+            parallel_backward: self.parallel_backward,
+            ..dp
+        })
     }
 }

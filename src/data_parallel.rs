@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use burn::module::Module;
-use burn::tensor::backend::Backend;
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 
-use crate::kernels::ConcatBackend;
+use crate::kernels::{ConcatBackend, ReplicaSetup};
 use crate::parallel_apply::{Workers, run};
 use crate::profile::{self, Profiler, Stage};
-use crate::replicate::{bring_states_home, initialize, replicate_with_buckets};
+use crate::replicate::{OwnStates, bring_states_home, initialize, replicate_for_forward};
 use crate::{
     BoxError, DataParallelConfig, DataParallelError, Gather, Scatter, Shards, StepProfile,
 };
@@ -53,6 +53,13 @@ pub struct DataParallel<B: Backend, M> {
     pub(crate) workers: Option<Arc<Workers>>,
     pub(crate) bucket_size: usize,
     pub(crate) profiler: Arc<Profiler>,
+    /// Gives replicas on other devices running states of their own (see
+    /// [`with_running_states_per_device`](Self::with_running_states_per_device)).
+    pub(crate) own_states: Option<OwnStates<M>>,
+    /// Tests on one device: every replica after the first gets its own running states.
+    pub(crate) states_per_replica: bool,
+    /// Whether each replica's backward runs on its own worker thread (under autodiff).
+    pub(crate) parallel_backward: bool,
 }
 
 /// A module that [`DataParallel::forward`] can run: one input type to split, one output type
@@ -142,6 +149,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             workers,
             bucket_size,
             profiler: Arc::default(),
+            own_states: None,
+            states_per_replica: false,
+            parallel_backward: true,
         })
     }
 
@@ -193,6 +203,12 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// The relative share of the batch given to each device, if set.
     pub fn shard_weights(&self) -> Option<&[f64]> {
         self.shard_weights.as_deref()
+    }
+
+    /// Whether each replica's backward runs on its own worker thread under autodiff
+    /// ([`DataParallelConfig::parallel_backward`]).
+    pub fn parallel_backward(&self) -> bool {
+        self.parallel_backward
     }
 
     /// The largest coalesced parameter transfer to a replica on another device, in bytes.
@@ -335,6 +351,24 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         E: Into<BoxError>,
         F: Fn(&M, I) -> Result<O, E> + Sync,
     {
+        self.run(input, forward, self.own_states)
+    }
+
+    /// [`try_forward_with`](Self::try_forward_with), replicas on other devices getting
+    /// running states of their own from `own_states` where it is given.
+    pub(crate) fn run<I, O, E, F>(
+        &self,
+        input: I,
+        forward: F,
+        own_states: Option<OwnStates<M>>,
+    ) -> Result<O, DataParallelError>
+    where
+        B: ConcatBackend,
+        I: Scatter<B> + Send,
+        O: Gather<B> + Send,
+        E: Into<BoxError>,
+        F: Fn(&M, I) -> Result<O, E> + Sync,
+    {
         let shards = self.shards(&input)?;
         if !B::device_transfers() && shards.devices().iter().any(|d| *d != self.output_device) {
             return Err(DataParallelError::DeviceTransfersUnsupported {
@@ -343,6 +377,20 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         }
         let sink = self.profiler.start(shards.len());
         let sink = sink.as_ref();
+        let graphs = match &self.workers {
+            Some(workers) if shards.len() > 1 && self.parallel_backward => {
+                let workers = workers.clone();
+                B::replica_graphs(ReplicaSetup {
+                    replicas: (shards.replicas().iter().copied())
+                        .zip(shards.devices().iter().cloned())
+                        .collect(),
+                    spawner: Arc::new(move |jobs| workers.spawn_each(jobs)),
+                    sink: sink.cloned(),
+                })
+            }
+            _ => None,
+        };
+        let shards = shards.with_graphs(graphs.clone());
         let devices = shards.devices();
         // Each device once: the output device and the replicas' devices.
         let mut distinct = vec![self.output_device.clone()];
@@ -364,9 +412,22 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         let inputs =
             profile::stage::<B, _>(sink, Stage::Scatter, involved, || input.scatter(&shards));
         let inputs = inputs.into_iter().enumerate();
-        let replicas = profile::stage::<B, _>(sink, Stage::Replicate, involved, || {
-            replicate_with_buckets(&self.module, devices, self.bucket_size)
+        let mut replicated = profile::stage::<B, _>(sink, Stage::Replicate, involved, || {
+            replicate_for_forward(
+                &self.module,
+                devices,
+                self.bucket_size,
+                own_states,
+                self.states_per_replica,
+                graphs.as_deref(),
+            )
         });
+        if replicated.shared_elsewhere && !B::orders_receives() {
+            return Err(DataParallelError::SharedRunningStates {
+                devices: format!("{:?}", self.devices),
+            });
+        }
+        let replicas = std::mem::take(&mut replicated.replicas);
         let results = match &self.workers {
             Some(workers) if shards.len() > 1 => {
                 let jobs = shards.replicas().iter().copied().zip(replicas).zip(inputs);
@@ -387,6 +448,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             }
         }
         self.sync_running_states();
+        replicated.fold(&self.module, &self.output_device);
         if spans_devices {
             bring_states_home(&self.module, &self.output_device);
             // Burn moves the statistics between devices with its own `to_device`, unfenced.
@@ -403,10 +465,23 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                     failure.into_error(shards.replicas()[i], device)
                 })
             })
-            .collect::<Result<Vec<O>, _>>()?;
-        profile::stage::<B, _>(sink, Stage::Gather, involved, || {
+            .collect::<Result<Vec<O>, _>>();
+        let outputs = match outputs {
+            Ok(outputs) => outputs,
+            Err(error) => {
+                if let Some(graphs) = graphs {
+                    graphs.seal();
+                }
+                return Err(error);
+            }
+        };
+        let gathered = profile::stage::<B, _>(sink, Stage::Gather, involved, || {
             O::gather(outputs, &shards)
-        })
+        });
+        if let Some(graphs) = graphs {
+            graphs.seal();
+        }
+        gathered
     }
 
     /// Folds the replicas' pending running-state updates (batch-norm statistics) into the
@@ -420,6 +495,62 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     }
 }
 
+impl<B: AutodiffBackend, M: AutodiffModule<B>> DataParallel<B, M> {
+    /// Gives each device that the wrapped module is not on a copy of the module's running
+    /// states (batch-norm statistics) of its own, for models with such states on several
+    /// GPUs.
+    ///
+    /// Without it, every replica reads the module's one set of statistics, and a replica on
+    /// another GPU moves them there inside its forward (Burn's batch norm calls `to_device`),
+    /// on its worker thread, where this crate cannot order the transfer after the work queued
+    /// on that GPU; on CUDA that can corrupt memory, so the forward refuses with
+    /// [`DataParallelError::SharedRunningStates`]. With it, each step moves the statistics to
+    /// the other devices with the parameters, each device's replicas update their own copy,
+    /// and after the forward the copies come home and fold into the module's statistics: the
+    /// mean over all replicas' updates, the value they get when all share one set.
+    ///
+    /// Costs per step: one small transfer each way per device, and a few element-wise kernels
+    /// per running state. Nothing changes for replicas on the module's device, or for models
+    /// without running states. `valid()` copies and burn-train's `TrainStep` use it always.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::nn::{BatchNorm, BatchNormConfig};
+    /// use burn::tensor::Tensor;
+    /// use burn_dataparallel::DataParallel;
+    ///
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let norm: BatchNorm<B> = BatchNormConfig::new(4).init(&device);
+    /// // On a GPU machine: the list of GPUs.
+    /// let dp = DataParallel::new(norm, vec![device; 2])
+    ///     .unwrap()
+    ///     .with_running_states_per_device();
+    /// let output = dp.forward_with(Tensor::<B, 2>::ones([6, 4], &device), |m, x| m.forward(x));
+    /// assert_eq!(output.dims(), [6, 4]);
+    /// ```
+    pub fn with_running_states_per_device(self) -> Self {
+        Self {
+            own_states: Some(own_states::<B, M>),
+            ..self
+        }
+    }
+}
+
+/// A copy of `module` with running states of its own ([`OwnStates`]).
+pub(crate) fn own_states<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> M {
+    M::from_inner(module.valid())
+}
+
+/// A copy of an inference `module` with running states of its own ([`OwnStates`]).
+pub(crate) fn own_inner_states<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M::InnerModule,
+) -> M::InnerModule {
+    M::from_inner(module.clone()).valid()
+}
+
 /// Initialises `module`'s lazy parameters and forks it to `device` unless it is all there.
 fn on_device<B: Backend, M: Module<B>>(module: M, device: &B::Device) -> M {
     initialize(&module);
@@ -427,5 +558,130 @@ fn on_device<B: Backend, M: Module<B>>(module: M, device: &B::Device) -> M {
         [] => module,
         [only] if only == device => module,
         _ => module.fork(device),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
+    use burn::tensor::{Distribution, Tensor};
+
+    type B = Autodiff<Flex>;
+
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        linear: Linear<B>,
+        norm: BatchNorm<B>,
+        frozen: burn::module::Param<Tensor<B, 1>>,
+    }
+
+    impl<B: Backend> Net<B> {
+        fn new(device: &B::Device) -> Self {
+            let frozen = Tensor::random([6], Distribution::Uniform(-1.0, 1.0), device);
+            Self {
+                linear: LinearConfig::new(5, 6).init(device),
+                norm: BatchNormConfig::new(6).init(device),
+                frozen: burn::module::Param::from_tensor(frozen).set_require_grad(false),
+            }
+        }
+
+        fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+            self.norm.forward(self.linear.forward(x)) * self.frozen.val().unsqueeze()
+        }
+
+        /// An independent copy: same values, running states of its own.
+        fn copy(&self) -> Self
+        where
+            B: AutodiffBackend,
+        {
+            Self::from_inner(self.valid())
+        }
+    }
+
+    fn floats<const D: usize>(tensor: Tensor<impl Backend, D>) -> Vec<f32> {
+        tensor.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    fn assert_close(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{what}[{i}]: {x} vs {y}"
+            );
+        }
+    }
+
+    fn states(net: &Net<impl Backend>) -> (Vec<f32>, Vec<f32>) {
+        (
+            floats(net.norm.running_mean.value()),
+            floats(net.norm.running_var.value()),
+        )
+    }
+
+    /// Replicas with running states of their own give the outputs, gradients, statistics and
+    /// inference outputs of replicas that share the module's, step after step, with every
+    /// replica after the first on its own set (as on other devices), including a step with
+    /// fewer shards than devices. The frozen parameter comes back untouched.
+    #[test]
+    fn own_running_states_match_shared_ones() {
+        let device = Default::default();
+        let net = Net::<B>::new(&device);
+        let frozen = floats(net.frozen.val());
+        let shared = DataParallel::new(net.copy(), vec![device; 3]).unwrap();
+        let mut own = DataParallel::new(net, vec![device; 3])
+            .unwrap()
+            .with_running_states_per_device();
+        own.states_per_replica = true;
+        for batch in [7, 2, 9] {
+            let x = Tensor::<B, 2>::random([batch, 5], Distribution::Default, &device);
+            let outputs: Vec<_> = [&shared, &own]
+                .iter()
+                .map(|dp| dp.forward_with(x.clone(), |m, x| m.forward(x)))
+                .collect();
+            assert_close(
+                &floats(outputs[1].clone()),
+                &floats(outputs[0].clone()),
+                "output",
+            );
+            let probe = Tensor::<B, 1, burn::tensor::Int>::arange(0..(batch * 6) as i64, &device)
+                .float()
+                .reshape([batch, 6])
+                .cos();
+            let grads: Vec<_> = outputs
+                .iter()
+                .map(|o| (o.clone() * probe.clone()).sum().backward())
+                .collect();
+            let weight = |dp: &DataParallel<B, Net<B>>, g| {
+                floats(dp.module().linear.weight.val().grad(g).unwrap())
+            };
+            assert_close(
+                &weight(&own, &grads[1]),
+                &weight(&shared, &grads[0]),
+                "grad",
+            );
+            let (want, got) = (states(shared.module()), states(own.module()));
+            assert_close(&got.0, &want.0, &format!("running mean after {batch}"));
+            assert_close(&got.1, &want.1, &format!("running var after {batch}"));
+            assert_eq!(
+                floats(own.module().frozen.val()),
+                frozen,
+                "frozen parameter"
+            );
+        }
+        let x = Tensor::<Flex, 2>::random([8, 5], Distribution::Default, &device);
+        let want = shared.valid().forward_with(x.clone(), |m, x| m.forward(x));
+        let mut inference = own.valid();
+        inference.states_per_replica = true;
+        let before = states(inference.module());
+        let got = inference.forward_with(x, |m, x| m.forward(x));
+        assert_close(&floats(got), &floats(want), "inference output");
+        assert_eq!(
+            states(inference.module()),
+            before,
+            "inference keeps statistics exactly"
+        );
     }
 }

@@ -51,6 +51,20 @@ pub enum DataParallelError {
         devices: String,
     },
 
+    /// Replicas on other devices would share the module's running states (batch-norm
+    /// statistics) and move them inside their forward, which this backend does not order
+    /// safely.
+    #[error(
+        "replicas on the devices {devices} would move the module's running states (batch-norm \
+         statistics) between devices inside their forward, which this backend cannot order \
+         safely; call `with_running_states_per_device()` on the wrapper before training (burn-train's \
+         `TrainStep` does), and for inference use the trained wrapper's `valid()` copy"
+    )]
+    SharedRunningStates {
+        /// The device list.
+        devices: String,
+    },
+
     /// The output device index is past the end of the device list.
     #[error("output device index {index} is out of range for {len} devices")]
     OutputDeviceIndex {

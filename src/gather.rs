@@ -94,7 +94,14 @@ fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
 ) -> Vec<Tensor<B, D, K>> {
     outputs
         .into_iter()
-        .map(|tensor| ops::move_to(tensor, shards.output_device()))
+        .enumerate()
+        .map(|(replica, tensor)| {
+            let tensor = match shards.graphs() {
+                Some(graphs) => K::replica_output(tensor, graphs, replica),
+                None => tensor,
+            };
+            ops::move_to(tensor, shards.output_device())
+        })
         .collect()
 }
 

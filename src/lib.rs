@@ -28,6 +28,15 @@
 //!   Burn's per-thread state (batch-norm running statistics, CubeCL streams) stays bounded and
 //!   correct. A panic or error in a replica comes back as a [`DataParallelError`] naming the
 //!   replica and its device.
+//! - Under `Autodiff`, each replica's backward also runs on its worker, all at the same time
+//!   ([`DataParallelConfig::parallel_backward`], on by default): every replica's forward
+//!   starts from its own leaves (its copy of the parameters, its input shard) in an autodiff
+//!   graph of its own, and its outputs enter the caller's graph as stand-ins. When the
+//!   caller's `backward` reaches the stand-ins, each replica runs its own backward, seeded
+//!   with its outputs' gradients, and the gradients come back to the parameters (and tracked
+//!   inputs) in one transfer per device and dtype. Outputs must be gathered through
+//!   [`Gather`] (the provided impls, [`impl_gather!`]), and a replica's forward must not use
+//!   tracked tensors captured from outside its inputs; otherwise turn the option off.
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.
@@ -178,13 +187,10 @@
 //!
 //! # Outgrowing one machine
 //!
-//! `DataParallel` runs in one process and gathers on one device, and Burn runs the backward
-//! of all replicas on the calling thread: the forwards run at the same time, the backward does
-//! not. Measured on two H200s, that single backward already bounds the speed-up (1.03x for a
-//! small transformer encoder, 1.08x for a ResNet-18 without batch norm; PyTorch's
-//! `DataParallel` gets 1.03x on the same encoder), and across machines there is no
-//! `DataParallel` at all. Batch norm on several GPUs is not reliable yet (see the README's
-//! known limits). Burn's own distributed data parallel strategy (burn-train with
+//! `DataParallel` runs in one process and gathers on one device: the outputs, the loss and
+//! its backward up to the replicas' outputs run on the output device, and every step moves
+//! the parameters out and the gradients back. Across machines there is no `DataParallel` at
+//! all. Burn's own distributed data parallel strategy (burn-train with
 //! the `ddp` feature, through burn's `distributed` feature on a backend with collectives such
 //! as CUDA with NCCL) keeps a full replica per device, each with its own batches, and
 //! all-reduces the gradients after every backward. Moving there changes little:

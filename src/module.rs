@@ -11,6 +11,7 @@ use burn::module::{
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::DataParallel;
+use crate::data_parallel::{own_inner_states, own_states};
 
 impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
     fn clone(&self) -> Self {
@@ -23,6 +24,9 @@ impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
             workers: self.workers.clone(),
             bucket_size: self.bucket_size,
             profiler: self.profiler.clone(),
+            own_states: self.own_states,
+            states_per_replica: self.states_per_replica,
+            parallel_backward: self.parallel_backward,
         }
     }
 }
@@ -37,6 +41,8 @@ impl<B: Backend, M: core::fmt::Debug> core::fmt::Debug for DataParallel<B, M> {
             .field("shard_weights", &self.shard_weights)
             .field("bucket_size", &self.bucket_size)
             .field("profiling", &self.profiler.is_enabled())
+            .field("running_states_per_device", &self.own_states.is_some())
+            .field("parallel_backward", &self.parallel_backward)
             .finish()
     }
 }
@@ -98,6 +104,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             workers: self.workers.clone(),
             bucket_size: self.bucket_size,
             profiler: self.profiler.clone(),
+            own_states: Some(own_inner_states::<B, M>),
+            states_per_replica: self.states_per_replica,
+            parallel_backward: self.parallel_backward,
         }
     }
 
@@ -111,6 +120,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             workers: inner.workers,
             bucket_size: inner.bucket_size,
             profiler: inner.profiler,
+            own_states: Some(own_states::<B, M>),
+            states_per_replica: inner.states_per_replica,
+            parallel_backward: inner.parallel_backward,
         }
     }
 }

@@ -70,6 +70,37 @@ impl Workers {
     }
 }
 
+/// A job for one worker slot that runs without the caller waiting for it.
+pub(crate) type Detached = Box<dyn FnOnce() + Send>;
+
+/// Runs detached jobs on worker slots; see [`Workers::spawn_each`].
+pub(crate) type Spawner = std::sync::Arc<dyn Fn(Vec<(usize, Detached)>) + Send + Sync>;
+
+impl Workers {
+    /// Starts every job on the worker of its slot and returns at once; each job reports its
+    /// own completion (the caller waits on what the jobs send, not on the jobs).
+    ///
+    /// Used by the per-replica backward: a replica's backward ends with Burn's graph cleanup,
+    /// which waits for the calling thread's own backward to finish, so the calling thread must
+    /// be able to go on as soon as the replica's gradients are out.
+    pub(crate) fn spawn_each(&self, jobs: Vec<(usize, Detached)>) {
+        let by_slot: Vec<Mutex<Option<Detached>>> =
+            (0..self.slots()).map(|_| Mutex::new(None)).collect();
+        for (slot, job) in jobs {
+            *by_slot[slot].lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
+        }
+        self.pool.spawn_broadcast(move |context| {
+            let job = by_slot[context.index()]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(job) = job {
+                job();
+            }
+        });
+    }
+}
+
 /// Why one replica produced no output.
 pub(crate) enum Failure {
     /// The forward panicked with this payload.

@@ -1,12 +1,12 @@
 //! Differentiable copies of a module, one per replica.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
 
-use crate::kernels::{self, ConcatBackend};
+use crate::kernels::{self, ConcatBackend, ReplicaGraphs};
 use crate::{ops, profile};
 
 /// Default size of one coalesced parameter transfer: 25 MiB.
@@ -60,8 +60,49 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
     devices: &[B::Device],
     bucket_size: usize,
 ) -> Vec<M> {
-    let module = match devices.len() {
-        1 => module.clone(),
+    replicate_for_forward(module, devices, bucket_size, None, false, None).replicas
+}
+
+/// Makes a copy of a module whose running states are its own: the same parameters and
+/// values, but `RunningState`s that the module and its clones do not share. Burn 0.21 only
+/// makes new running states through a module's constructor or `AutodiffModule`, so this is
+/// `M::from_inner(module.valid())` (or its inner-backend twin).
+pub(crate) type OwnStates<M> = fn(&M) -> M;
+
+/// The replicas of one forward, and where their running states live.
+pub(crate) struct Replicas<B: Backend, M> {
+    /// One copy of the module per device entry.
+    pub(crate) replicas: Vec<M>,
+    /// Copies whose running states are their own, with the number of replicas using each.
+    own: Vec<(M, usize)>,
+    /// How many replicas read and update the module's own running states.
+    shared: usize,
+    /// The ids of the module's running states (empty unless some copy has its own).
+    states: HashSet<ParamId>,
+    /// Whether a replica on another device shares the module's running states: its forward
+    /// moves them with Burn's `to_device` on its worker thread, out of this crate's reach.
+    pub(crate) shared_elsewhere: bool,
+    _backend: core::marker::PhantomData<B>,
+}
+
+/// [`replicate_with_buckets`] for a forward: with `own_states`, replicas on a device that the
+/// module is not on get running states of their own, one set per device (one per replica
+/// after the first with `per_replica`, for tests on one device), which [`Replicas::fold`]
+/// folds back into the module's after the forward.
+///
+/// With `graphs`, each replica's trainable parameters are its own leaves, taps of
+/// [`ReplicaGraphs::input`] whose gradients go to the module's parameters: the transfers carry
+/// plain values, and no graph is shared between replicas.
+pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
+    module: &M,
+    devices: &[B::Device],
+    bucket_size: usize,
+    own_states: Option<OwnStates<M>>,
+    per_replica: bool,
+    graphs: Option<&dyn ReplicaGraphs<B>>,
+) -> Replicas<B, M> {
+    let module = match (devices.len(), graphs) {
+        (1, _) | (_, Some(_)) => module.clone(),
         _ => {
             let mut anchor = Anchor { nodes: Vec::new() };
             let module = module.clone().map(&mut anchor);
@@ -69,26 +110,378 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
             module
         }
     };
-    // Only a copy mapped onto a device the module is not on can move shared states.
     let home = module.devices();
-    let elsewhere = devices.iter().any(|device| !home.contains(device));
-    let states = (devices.len() > 1 && elsewhere).then(|| States::note(&module));
-    let mut copies: Vec<(&B::Device, M)> = Vec::new();
+    // Which set of running states each replica uses: `None` for the module's, `Some(k)` for
+    // the own set `k`, which lives on `own_devices[k]`.
+    let mut own_devices: Vec<&B::Device> = Vec::new();
+    let groups: Vec<Option<usize>> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let own = match own_states {
+                Some(_) if devices.len() > 1 => (per_replica && i > 0) || !home.contains(device),
+                _ => false,
+            };
+            own.then(|| match own_devices.iter().position(|d| *d == device) {
+                Some(k) if !per_replica => k,
+                _ => {
+                    own_devices.push(device);
+                    own_devices.len() - 1
+                }
+            })
+        })
+        .collect();
+    // Only a copy mapped onto a device the module is not on can move shared states.
+    let shared_elsewhere = devices
+        .iter()
+        .zip(&groups)
+        .any(|(device, group)| group.is_none() && !home.contains(device));
+    let noted = (devices.len() > 1 && shared_elsewhere).then(|| States::note(&module));
+    let mut states = HashSet::new();
+    let sources: Vec<M> = match own_states {
+        Some(fresh) if !own_devices.is_empty() => {
+            let tensors = Tensors::of(&module);
+            own_devices
+                .iter()
+                .enumerate()
+                .map(|(k, _)| {
+                    let copy = fresh(&module);
+                    if k == 0 {
+                        states = running_states(&copy);
+                    }
+                    copy.map(&mut Adopt { tensors: &tensors })
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    // With per-replica graphs the copies carry plain values; each replica then taps them.
+    let (module_plain, sources, targets) = match graphs {
+        Some(_) => (
+            module.clone().map(&mut Detach),
+            sources
+                .into_iter()
+                .map(|source| source.map(&mut Detach))
+                .collect(),
+            Tensors::of(&module).tracked_floats(),
+        ),
+        None => (module.clone(), sources, HashMap::new()),
+    };
+    let mut copies: Vec<(&B::Device, Option<usize>, M)> = Vec::new();
+    let mut own: Vec<Option<(M, usize)>> = (0..sources.len()).map(|_| None).collect();
     let replicas = devices
         .iter()
-        .map(|device| match copies.iter().find(|(d, _)| *d == device) {
-            Some((_, copy)) => copy.clone(),
-            None => {
-                let copy = move_coalesced(&module, device, bucket_size);
-                copies.push((device, copy.clone()));
-                copy
+        .zip(&groups)
+        .enumerate()
+        .map(|(replica, (device, &group))| {
+            let copy = match copies.iter().find(|(d, g, _)| *d == device && *g == group) {
+                Some((_, _, copy)) => copy.clone(),
+                None => {
+                    let source = group.map_or(&module_plain, |k| &sources[k]);
+                    let copy = move_coalesced(source, device, bucket_size);
+                    copies.push((device, group, copy.clone()));
+                    copy
+                }
+            };
+            if let Some(k) = group {
+                own[k].get_or_insert_with(|| (copy.clone(), 0)).1 += 1;
+            }
+            match graphs {
+                Some(graphs) => copy.map(&mut Taps {
+                    graphs,
+                    replica,
+                    targets: &targets,
+                }),
+                None => copy,
             }
         })
         .collect();
-    if let Some(states) = states {
-        states.restore(&module);
+    if let Some(noted) = noted {
+        noted.restore(&module);
     }
-    replicas
+    Replicas {
+        replicas,
+        own: own.into_iter().flatten().collect(),
+        shared: groups.iter().filter(|group| group.is_none()).count(),
+        states,
+        shared_elsewhere,
+        _backend: core::marker::PhantomData,
+    }
+}
+
+impl<B: ConcatBackend, M: Module<B>> Replicas<B, M> {
+    /// Folds the running states that replicas updated in their own sets into `module`'s,
+    /// whose replicas' updates are already synchronised (Burn's averaging): the result is
+    /// the mean over all replicas, as if all had shared one set.
+    ///
+    /// Computed as `h + Σ n/N (s - h)`, so that states no replica updated (inference) come
+    /// back bit for bit. Each own set comes home in one coalesced transfer per dtype.
+    pub(crate) fn fold(self, module: &M, home: &B::Device) {
+        if self.own.is_empty() || self.states.is_empty() {
+            return;
+        }
+        let total = (self.shared + self.own.iter().map(|(_, n)| n).sum::<usize>()) as f64;
+        let base: HashMap<ParamId, Tensor<B, 1>> =
+            Flat::of(module, &self.states).into_iter().collect();
+        let mut folded = base.clone();
+        for (copy, count) in self.own {
+            // Averages the updates of the replicas that share this set.
+            let _ = copy.clone().into_record();
+            let (ids, values): (Vec<ParamId>, Vec<Tensor<B, 1>>) =
+                Flat::of(&copy, &self.states).into_iter().unzip();
+            for (id, value) in ids.into_iter().zip(move_flats(values, home)) {
+                if let (Some(sum), Some(base)) = (folded.remove(&id), base.get(&id)) {
+                    let step = value.sub(base.clone()).mul_scalar(count as f64 / total);
+                    folded.insert(id, sum.add(step));
+                }
+            }
+        }
+        let _ = module.clone().map(&mut SetStates { values: folded });
+    }
+}
+
+/// Moves flat float tensors to `device`, one coalesced transfer per dtype, in order.
+fn move_flats<B: ConcatBackend>(flats: Vec<Tensor<B, 1>>, device: &B::Device) -> Vec<Tensor<B, 1>> {
+    let mut arrived: Vec<Option<Tensor<B, 1>>> = (0..flats.len()).map(|_| None).collect();
+    let mut dtypes: Vec<DType> = flats.iter().map(Tensor::dtype).collect();
+    dtypes.dedup();
+    let mut done: Vec<DType> = Vec::new();
+    for dtype in dtypes {
+        if done.contains(&dtype) {
+            continue;
+        }
+        done.push(dtype);
+        let members: Vec<usize> = (0..flats.len())
+            .filter(|&i| flats[i].dtype() == dtype)
+            .collect();
+        let counts: Vec<usize> = members.iter().map(|&i| flats[i].dims()[0]).collect();
+        let buffer = kernels::coalesce(members.iter().map(|&i| flats[i].clone()).collect());
+        let bytes: usize = counts.iter().sum::<usize>() * dtype.size();
+        profile::count_move(bytes as u64);
+        for (&i, piece) in members
+            .iter()
+            .zip(kernels::move_split(buffer, &counts, device))
+        {
+            arrived[i] = Some(piece);
+        }
+    }
+    arrived
+        .into_iter()
+        .map(|t| t.expect("every tensor moved"))
+        .collect()
+}
+
+/// The ids of `module`'s running states: the untracked float tensors that a mapped clone of
+/// the module changes in the module itself (Burn's `RunningState` shares its value with
+/// every clone; a parameter does not). Overwrites those states with placeholders.
+fn running_states<B: Backend, M: Module<B>>(module: &M) -> HashSet<ParamId> {
+    let before = Shapes::of(module);
+    let _ = module.clone().map(&mut Placeholders);
+    let after = Shapes::of(module);
+    before
+        .into_iter()
+        .filter(|(id, shape)| after.get(id) != Some(shape))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The shapes of a module's untracked, non-empty float tensors.
+struct Shapes {
+    shapes: HashMap<ParamId, Vec<usize>>,
+}
+
+impl Shapes {
+    fn of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
+        let mut shapes = Self {
+            shapes: HashMap::new(),
+        };
+        module.visit(&mut shapes);
+        shapes.shapes
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Shapes {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if !tensor.is_require_grad() && tensor.shape().num_elements() > 0 {
+            self.shapes.insert(param.id, tensor.dims().to_vec());
+        }
+    }
+}
+
+/// Replaces untracked, non-empty float tensors by uninitialised ones one item longer.
+struct Placeholders;
+
+impl<B: Backend> ModuleMapper<B> for Placeholders {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let tensor = param.val();
+        if tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
+            return param;
+        }
+        param.map(|tensor| {
+            let mut dims = tensor.dims();
+            dims[0] += 1;
+            Tensor::empty(dims, &tensor.device())
+        })
+    }
+}
+
+/// Detaches every tracked float tensor: the values without their graph.
+struct Detach;
+
+impl<B: Backend> ModuleMapper<B> for Detach {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !param.val().is_require_grad() {
+            return param;
+        }
+        param.map(|tensor| tensor.detach())
+    }
+}
+
+/// Gives a replica's copy of every trainable parameter a tap of the replica's graph.
+struct Taps<'a, B: Backend> {
+    graphs: &'a dyn ReplicaGraphs<B>,
+    replica: usize,
+    /// The module's trainable parameters, by id.
+    targets: &'a HashMap<ParamId, FloatTensor<B>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Taps<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(target) = self.targets.get(&param.id) else {
+            return param;
+        };
+        param.map(|value| match value.into_primitive() {
+            TensorPrimitive::Float(value) => Tensor::from_primitive(TensorPrimitive::Float(
+                self.graphs.input(self.replica, value, target),
+            )),
+            quantized => Tensor::from_primitive(quantized),
+        })
+    }
+}
+
+/// Every tensor of a module, by id.
+struct Tensors<B: Backend> {
+    floats: HashMap<ParamId, TensorPrimitive<B>>,
+    ints: HashMap<ParamId, IntTensor<B>>,
+    bools: HashMap<ParamId, BoolTensor<B>>,
+}
+
+impl<B: Backend> Tensors<B> {
+    fn of<M: Module<B>>(module: &M) -> Self {
+        let mut tensors = Self {
+            floats: HashMap::new(),
+            ints: HashMap::new(),
+            bools: HashMap::new(),
+        };
+        module.visit(&mut tensors);
+        tensors
+    }
+}
+
+impl<B: Backend> Tensors<B> {
+    /// The tracked float tensors.
+    fn tracked_floats(self) -> HashMap<ParamId, FloatTensor<B>> {
+        self.floats
+            .into_iter()
+            .filter_map(|(id, tensor)| match tensor {
+                TensorPrimitive::Float(tensor) if B::float_is_require_grad(&tensor) => {
+                    Some((id, tensor))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Tensors<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.floats.insert(param.id, param.val().into_primitive());
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+        self.ints.insert(param.id, param.val().into_primitive());
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+        self.bools.insert(param.id, param.val().into_primitive());
+    }
+}
+
+/// Gives a copy the module's tensors (parameters with their graph nodes, running states'
+/// values), matched by id; the copy keeps its own running-state containers.
+struct Adopt<'a, B: Backend> {
+    tensors: &'a Tensors<B>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Adopt<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.tensors.floats.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        match self.tensors.ints.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        match self.tensors.bools.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+}
+
+/// A module's running states, flattened, in module order.
+struct Flat<'a, B: Backend> {
+    states: &'a HashSet<ParamId>,
+    found: Vec<(ParamId, Tensor<B, 1>)>,
+}
+
+impl<B: Backend> Flat<'_, B> {
+    fn of<M: Module<B>>(module: &M, states: &HashSet<ParamId>) -> Vec<(ParamId, Tensor<B, 1>)> {
+        let mut flat = Flat {
+            states,
+            found: Vec::new(),
+        };
+        module.visit(&mut flat);
+        flat.found
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Flat<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.states.contains(&param.id) {
+            let tensor = param.val();
+            let elements = tensor.shape().num_elements();
+            self.found.push((param.id, tensor.reshape([elements])));
+        }
+    }
+}
+
+/// Writes new values into a module's running states (shared by all its clones).
+struct SetStates<B: Backend> {
+    values: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for SetStates<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.values.remove(&param.id) {
+            Some(value) => param.map(|tensor| value.reshape(tensor.dims())),
+            None => param,
+        }
+    }
 }
 
 /// The untracked float tensors of a module (running states, frozen parameters) where they

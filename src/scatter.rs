@@ -84,7 +84,14 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
         ops::split(self, shards.sizes(), shards.dim())
             .into_iter()
             .zip(shards.devices())
-            .map(|(part, device)| ops::move_to(part, device))
+            .enumerate()
+            .map(|(replica, (part, device))| {
+                let part = ops::move_to(part, device);
+                match shards.graphs() {
+                    Some(graphs) => K::replica_input(part, graphs, replica),
+                    None => part,
+                }
+            })
             .collect()
     }
 }

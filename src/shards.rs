@@ -1,8 +1,11 @@
 //! How a batch is divided among the replicas.
 
+use std::sync::Arc;
+
 use burn::tensor::backend::Backend;
 
 use crate::DataParallelError;
+use crate::kernels::ReplicaGraphs;
 
 /// The shards of one forward: which replicas run, on which devices, with how many items each.
 ///
@@ -16,6 +19,8 @@ pub struct Shards<B: Backend> {
     sizes: Vec<usize>,
     devices: Vec<B::Device>,
     output_device: B::Device,
+    /// The forward's per-replica autodiff graphs, when it has them.
+    graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
 }
 
 impl<B: Backend> Shards<B> {
@@ -40,7 +45,18 @@ impl<B: Backend> Shards<B> {
             devices: replicas.iter().map(|&i| devices[i].clone()).collect(),
             replicas,
             output_device,
+            graphs: None,
         }
+    }
+
+    /// These shards with the forward's per-replica graphs.
+    pub(crate) fn with_graphs(self, graphs: Option<Arc<dyn ReplicaGraphs<B>>>) -> Self {
+        Self { graphs, ..self }
+    }
+
+    /// The forward's per-replica graphs, when it has them.
+    pub(crate) fn graphs(&self) -> Option<&dyn ReplicaGraphs<B>> {
+        self.graphs.as_deref()
     }
 
     /// Number of shards (replicas taking part).

@@ -15,6 +15,9 @@ use burn::train::{
     RegressionOutput, SequenceOutput, TrainOutput, TrainStep,
 };
 
+use std::convert::Infallible;
+
+use crate::data_parallel::own_states;
 use crate::kernels::ConcatBackend;
 use crate::{DataParallel, DataParallelError, Forward, Gather, Mean, Shards};
 
@@ -44,7 +47,14 @@ where
     ///
     /// When the forward fails (a [`DataParallelError`]): `TrainStep` has no error channel.
     fn step(&self, item: M::Input) -> TrainOutput<M::Output> {
-        let output = self.forward(item);
+        let own_states = self.own_states.or(Some(own_states::<B, M>));
+        let output = self
+            .run(
+                item,
+                |replica, shard| Ok::<_, Infallible>(Forward::forward(replica, shard)),
+                own_states,
+            )
+            .unwrap_or_else(|error| panic!("{error}"));
         let grads = output.loss().backward();
         TrainOutput::new(self, grads, output)
     }

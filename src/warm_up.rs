@@ -2,10 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
+use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::data_parallel::own_states;
 use crate::kernels::ConcatBackend;
 use crate::profile::synchronize;
 use crate::{DataParallel, DataParallelError, Scatter, Sum};
@@ -28,7 +29,7 @@ impl WarmUp {
     }
 }
 
-impl<B: AutodiffBackend + ConcatBackend, M: Module<B>> DataParallel<B, M> {
+impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M> {
     /// Runs one forward and backward of `sample` on every replica and discards the gradients,
     /// so that CubeCL compiles and tunes the kernels of this shard shape before training.
     ///
@@ -79,9 +80,13 @@ impl<B: AutodiffBackend + ConcatBackend, M: Module<B>> DataParallel<B, M> {
         let start = Instant::now();
         // Added element-wise (`Sum`), not reduced: a reduction over the replicas' losses would
         // tune a kernel shape that training never uses.
-        let Sum(total) = self.try_forward_with(sample, |replica, shard| {
-            Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard)))
-        })?;
+        // Running states per device as in `TrainStep`: the step that follows may use either.
+        let own_states = self.own_states.or(Some(own_states::<B, M>));
+        let Sum(total) = self.run(
+            sample,
+            |replica, shard| Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard))),
+            own_states,
+        )?;
         synchronize::<B>(&devices);
         let forward = start.elapsed();
         let start = Instant::now();

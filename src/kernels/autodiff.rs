@@ -17,8 +17,7 @@ use burn::tensor::{FloatDType, TensorMetadata};
 use super::ConcatBackend;
 use crate::profile::{self, Sink};
 
-/// Largest number of inputs one tracked concatenation takes; more are concatenated in groups.
-const MAX_TRACKED_INPUTS: usize = 16;
+use super::MAX_TRACKED_INPUTS;
 
 #[derive(Debug)]
 struct ConcatBackward;
@@ -223,6 +222,10 @@ macro_rules! concat_by_count {
 }
 
 /// A tracked join of 1 to 16 tensors.
+pub(super) fn join<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tensor<B>>) -> Tensor<B> {
+    join_by_count::<B, C>(tensors)
+}
+
 fn join_by_count<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tensor<B>>) -> Tensor<B> {
     macro_rules! by_count {
         ($($n:literal)+) => {
@@ -291,8 +294,23 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::fence_transfers(source)
     }
 
+    fn orders_receives() -> bool {
+        B::orders_receives()
+    }
+
     fn fence_receive(destination: &Self::Device) {
         B::fence_receive(destination)
+    }
+
+    fn replica_graphs(
+        setup: super::ReplicaSetup<Self>,
+    ) -> Option<Arc<dyn super::ReplicaGraphs<Self>>> {
+        let setup = super::ReplicaSetup {
+            replicas: setup.replicas,
+            spawner: setup.spawner,
+            sink: setup.sink,
+        };
+        Some(super::replica_graphs::Graphs::<B, C>::new(setup))
     }
 
     fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {

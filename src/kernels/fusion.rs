@@ -47,6 +47,10 @@ where
         }
     }
 
+    fn orders_receives() -> bool {
+        !<R::Server as ServerCommunication>::SERVER_COMM_ENABLED
+    }
+
     fn fence_receive(destination: &Self::Device) {
         use burn::tensor::backend::Device;
         use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
@@ -211,6 +215,10 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
     // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.
     fn fence_transfers(source: &Self::Device) {
         B::fence_transfers(source)
+    }
+
+    fn orders_receives() -> bool {
+        B::orders_receives()
     }
 
     fn fence_receive(destination: &Self::Device) {

@@ -20,10 +20,16 @@ mod autodiff;
 mod concat;
 #[cfg(feature = "cubecl")]
 mod fusion;
+mod replica_graphs;
 #[cfg(feature = "cubecl")]
 mod split;
 
+use std::sync::Arc;
+
 use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use crate::parallel_apply::Spawner;
+use crate::profile::Sink;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{BasicOps, Bool, Float, Int, Slice, Tensor, TensorMetadata, TensorPrimitive};
 
@@ -122,6 +128,28 @@ pub trait ConcatBackend: Backend {
         let _ = destination;
     }
 
+    /// Whether a transfer into a device that this crate does not fence (Burn's own
+    /// `to_device` inside a replica's forward, such as batch norm moving its running
+    /// statistics) is ordered after the work queued on that device. True by default; false on
+    /// CubeCL runtimes with device-to-device transfers (CUDA), where such a transfer can
+    /// overwrite memory that queued kernels still read ([`fence_receive`](Self::fence_receive)).
+    fn orders_receives() -> bool {
+        true
+    }
+
+    /// One autodiff graph per replica for a forward whose replicas run on worker threads, or
+    /// `None` where there is no autodiff graph (the default).
+    ///
+    /// Under `Autodiff`, each replica's forward then starts from its own leaves and never
+    /// touches the caller's graph; the caller's graph gets one stand-in per replica output,
+    /// and the backward of those stand-ins runs each replica's backward on its own worker
+    /// thread at the same time, then sums the gradients into the module's parameters.
+    #[doc(hidden)]
+    fn replica_graphs(setup: ReplicaSetup<Self>) -> Option<Arc<dyn ReplicaGraphs<Self>>> {
+        drop(setup);
+        None
+    }
+
     /// Moves a float tensor to `device` (Burn's `to_device`) between a fence on the
     /// destination ([`fence_receive`](Self::fence_receive)) and one on the source
     /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
@@ -153,6 +181,41 @@ pub trait ConcatBackend: Backend {
     ) -> Vec<FloatTensor<Self>> {
         Self::float_split(Self::float_move(buffer, device), counts, 0)
     }
+}
+
+/// Largest number of inputs one tracked concatenation (or graph join) takes; more are taken in
+/// groups.
+const MAX_TRACKED_INPUTS: usize = 16;
+
+/// What [`ConcatBackend::replica_graphs`] needs: where each replica runs and how to start
+/// jobs on its worker.
+#[doc(hidden)]
+pub struct ReplicaSetup<B: Backend> {
+    /// Per replica (shard order): the worker slot and the device.
+    pub(crate) replicas: Vec<(usize, B::Device)>,
+    pub(crate) spawner: Spawner,
+    pub(crate) sink: Option<Arc<Sink>>,
+}
+
+/// The per-replica graphs of one forward ([`ConcatBackend::replica_graphs`]).
+#[doc(hidden)]
+pub trait ReplicaGraphs<B: Backend>: Send + Sync + std::fmt::Debug {
+    /// The start of replica `replica`'s graph: a tensor with `value`'s data whose gradient
+    /// goes to `target`, a tracked tensor of the caller's graph (a parameter, an input
+    /// shard). `value` itself when `target` is not tracked.
+    fn input(
+        &self,
+        replica: usize,
+        value: FloatTensor<B>,
+        target: &FloatTensor<B>,
+    ) -> FloatTensor<B>;
+
+    /// The stand-in, in the caller's graph, for `output` of replica `replica` (itself when
+    /// not tracked). Called on the calling thread after every replica's forward.
+    fn output(&self, replica: usize, output: FloatTensor<B>) -> FloatTensor<B>;
+
+    /// Drops what only the forward needed; the stand-ins keep the rest.
+    fn seal(&self);
 }
 
 /// An autodiff backend that [`DataParallel`](crate::DataParallel) trains on: it and its inner
@@ -221,6 +284,30 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
         tensor: Tensor<B, D, Self>,
         device: &B::Device,
     ) -> Tensor<B, D, Self>;
+
+    /// Replica `replica`'s copy of an input shard ([`ReplicaGraphs::input`]); the tensor
+    /// itself for kinds without gradients.
+    #[doc(hidden)]
+    fn replica_input<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D, Self> {
+        let _ = (graphs, replica);
+        tensor
+    }
+
+    /// The caller's stand-in for an output of replica `replica`
+    /// ([`ReplicaGraphs::output`]); the tensor itself for kinds without gradients.
+    #[doc(hidden)]
+    fn replica_output<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D, Self> {
+        let _ = (graphs, replica);
+        tensor
+    }
 }
 
 /// Burn's `to_device` between fences on the destination and the source.
@@ -236,6 +323,32 @@ fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
 }
 
 impl<B: ConcatBackend> ConcatKind<B> for Float {
+    fn replica_input<const D: usize>(
+        tensor: Tensor<B, D>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D> {
+        match tensor.into_primitive() {
+            TensorPrimitive::Float(shard) => Tensor::from_primitive(TensorPrimitive::Float(
+                graphs.input(replica, shard.clone(), &shard),
+            )),
+            quantized => Tensor::from_primitive(quantized),
+        }
+    }
+
+    fn replica_output<const D: usize>(
+        tensor: Tensor<B, D>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D> {
+        match tensor.into_primitive() {
+            TensorPrimitive::Float(output) => {
+                Tensor::from_primitive(TensorPrimitive::Float(graphs.output(replica, output)))
+            }
+            quantized => Tensor::from_primitive(quantized),
+        }
+    }
+
     fn concat<const D: usize>(tensors: Vec<Tensor<B, D>>, dim: usize) -> Tensor<B, D> {
         let mut floats = Vec::with_capacity(tensors.len());
         for tensor in &tensors {

@@ -4,8 +4,9 @@
 use crate::common::*;
 use burn::module::Module;
 use burn::tensor::Tensor;
-use burn_dataparallel::DataParallel;
-use burn_dataparallel::DataParallelBackend;
+use std::convert::Infallible;
+
+use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelError};
 
 /// Running (mean, var) a fresh copy of `model` would hold after one training forward on each
 /// shard alone, averaged over shards.
@@ -43,13 +44,35 @@ fn statistics<B: DataParallelBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) 
 }
 
 /// Three steps with 3, then 2, then 3 shards: each ends with the average of the shards'
-/// updates of the previous statistics, whichever replicas took part before.
+/// updates of the previous statistics, whichever replicas took part before; the same with
+/// statistics per device (on one device: the same path).
 fn running_statistics_average_the_shards<B: DataParallelBackend>() {
+    for per_device in [false, true] {
+        running_statistics_average::<B>(per_device);
+    }
+}
+
+fn running_statistics_average<B: DataParallelBackend>(per_device: bool) {
     let device = Default::default();
     let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(3)).unwrap();
+    let dp = match per_device {
+        true => dp.with_running_states_per_device(),
+        false => dp,
+    };
     for batch in [7, 2, 9] {
         let input = random::<B, 2>([batch, 8], &device);
-        let sizes = dp.shards(&input).unwrap().sizes().to_vec();
+        let shards = dp.shards(&input).unwrap();
+        let elsewhere = shards.devices().iter().any(|d| d != dp.output_device());
+        if !per_device && elsewhere && !B::orders_receives() {
+            // CUDA: replicas on other GPUs would move the shared statistics unfenced.
+            let result = dp.try_forward_with(input, |m, x| Ok::<_, Infallible>(m.forward(x)));
+            assert!(
+                matches!(result, Err(DataParallelError::SharedRunningStates { .. })),
+                "shared statistics on other devices are refused"
+            );
+            continue;
+        }
+        let sizes = shards.sizes().to_vec();
         let expected = expected_statistics(dp.module(), input.clone().split_with_sizes(sizes, 0));
         let _ = dp.forward_with(input, |m, x| m.forward(x));
         assert_eq!(
@@ -76,7 +99,9 @@ fn running_statistics_average_the_shards<B: DataParallelBackend>() {
 fn statistics_reach_the_record_and_inference<B: DataParallelBackend>() {
     use burn::module::AutodiffModule;
     let device = Default::default();
-    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(2)).unwrap();
+    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(2))
+        .unwrap()
+        .with_running_states_per_device();
     let _ = dp.forward_with(random::<B, 2>([6, 8], &device), |m, x| m.forward(x));
     let trained = statistics(dp.module());
     assert_ne!(trained.0, vec![0.0; 16], "the running mean moved");

@@ -41,8 +41,10 @@ fn conv_net_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize) 
 /// batch-norm model gives the whole-batch output.
 fn batch_norm_inference_matches_bare<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
-    let model = BnNet::<B>::new(0.5, &device).valid();
-    let dp = DataParallel::new(model, devices::<B::InnerBackend>(replicas)).unwrap();
+    // Through `valid()`: replicas on other devices then get the statistics of their own.
+    let dp = DataParallel::new(BnNet::<B>::new(0.5, &device), devices::<B>(replicas))
+        .unwrap()
+        .valid();
     let model = dp.module().clone();
     let input = random::<B::InnerBackend, 2>([7, 8], &device);
     let expected = model.forward(input.clone());
@@ -54,7 +56,9 @@ fn batch_norm_inference_matches_bare<B: DataParallelBackend>(replicas: usize) {
 /// bare model on each shard in turn on one device.
 fn batch_norm_training_matches_per_shard_reference<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
-    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(replicas)).unwrap();
+    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(replicas))
+        .unwrap()
+        .with_running_states_per_device();
     let reference = BnNet::<B>::new(0.0, &device).load_record(dp.module().clone().into_record());
     let input = random::<B, 2>([7, 8], &device);
     let shards = dp.shards(&input).unwrap();
@@ -281,7 +285,56 @@ fn single_shard_output_is_the_bare_output<B: DataParallelBackend>(replicas: usiz
     );
 }
 
+/// The backward of every replica on the calling thread (one graph for all) gives the same
+/// outputs and gradients as the bare model.
+fn serial_backward_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize) {
+    let device = Default::default();
+    let model = Mlp::<B>::new(8, 16, 4, &device);
+    let dp = DataParallelConfig::new()
+        .with_parallel_backward(false)
+        .init(model, devices::<B>(replicas))
+        .unwrap();
+    assert!(!dp.parallel_backward());
+    let model = dp.module().clone();
+    let input = random::<B, 2>([batch, 8], &device);
+    assert_matches_bare(&dp, &model, input, |m, x| m.forward(x));
+}
+
+/// A tracked input gets the gradient the bare model gives it, and a loss that also uses the
+/// parameters outside the wrapper (a weight penalty) gets both contributions.
+fn input_and_outside_gradients_match_bare<B: DataParallelBackend>(parallel_backward: bool) {
+    let device = Default::default();
+    let model = Mlp::<B>::new(8, 16, 4, &device);
+    let dp = DataParallelConfig::new()
+        .with_parallel_backward(parallel_backward)
+        .init(model, devices::<B>(3))
+        .unwrap();
+    let bare = dp.module().clone();
+    let input = random::<B, 2>([7, 8], &device).require_grad();
+    let penalty = |m: &Mlp<B>| m.hidden.weight.val().powi_scalar(2).sum().mul_scalar(0.1);
+    let loss = |output: Tensor<B, 2>, m: &Mlp<B>| {
+        let weights = probe(&output);
+        (output * weights).sum() + penalty(m)
+    };
+    let expected = bare.forward(input.clone());
+    let expected_grads = loss(expected, &bare).backward();
+    let actual = dp.forward_with(input.clone(), |m, x| m.forward(x));
+    let actual_grads = loss(actual, dp.module()).backward();
+    assert_close(
+        &values(input.grad(&actual_grads).expect("input gradient")),
+        &values(input.grad(&expected_grads).expect("input gradient")),
+        "input gradient",
+    );
+    assert_grads_close(
+        &param_grads(dp.module(), &actual_grads),
+        &param_grads(&bare, &expected_grads),
+    );
+}
+
 backend_tests! {
+    serial_backward => serial_backward_matches_bare(3, 7);
+    input_and_outside_gradients => input_and_outside_gradients_match_bare(true);
+    input_and_outside_gradients_serial => input_and_outside_gradients_match_bare(false);
     mlp_two_replicas => mlp_matches_bare(2, 8);
     mlp_four_replicas => mlp_matches_bare(4, 16);
     mlp_seven_over_three => mlp_matches_bare(3, 7);

@@ -1,0 +1,492 @@
+//! One autodiff graph per replica, and a backward that runs them on the replicas' worker
+//! threads at the same time ([`ConcatBackend::replica_graphs`] under `Autodiff`).
+//!
+//! A replica's forward starts from its own leaves: one *tap* per tracked input (a parameter's
+//! copy, an input shard), all children of the replica's *sentinel* node. The replica's
+//! outputs enter the caller's graph as *stand-ins*, children of one *hub* node, so no graph
+//! is shared between threads and Burn's graph locator never merges graphs concurrently.
+//!
+//! The backward of a stand-in stores its gradient; the hub's backward, which Burn runs after
+//! all of them (it is their parent), starts one backward per replica on the replica's
+//! worker, seeded with the stored gradients. A replica's taps store their gradients, and its
+//! sentinel (one level below every tap, so it runs last) reports the replica done. The hub
+//! then sums the gradients per target, moving each replica's set to the target's device in
+//! one transfer per dtype, and registers them for the targets in the caller's gradients.
+//!
+//! The hub does not wait for the replicas' `backward` calls to return: those end with Burn's
+//! graph cleanup, which waits for the caller's graph, locked by the caller's own backward
+//! until the hub returns.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{FloatDType, TensorMetadata};
+
+use super::{ConcatBackend, ReplicaGraphs, ReplicaSetup};
+use crate::profile;
+
+type Tracked<B> = FloatTensor<Autodiff<B>>;
+
+/// A tracked tensor and the gradient received for it, if any.
+type WithGrad<B> = (Tracked<B>, Option<FloatTensor<B>>);
+
+/// The per-replica graphs of one forward.
+pub(crate) struct Graphs<B: ConcatBackend, C: CheckpointStrategy> {
+    setup: ReplicaSetup<B>,
+    state: Mutex<State<B>>,
+    done: Condvar,
+    _strategy: core::marker::PhantomData<C>,
+    /// This value, for the taps' and sentinels' backward steps (weak: those steps live in
+    /// the replicas' graphs, which this value keeps alive).
+    me: Weak<Self>,
+}
+
+struct State<B: ConcatBackend> {
+    replicas: Vec<Replica<B>>,
+    /// The caller's graph node that every stand-in hangs from; dropped by `seal`.
+    hub: Option<Tracked<B>>,
+    /// Replicas whose backward has not reported yet, in the running backward.
+    pending: usize,
+    /// The first replica backward that panicked, with its message.
+    failed: Option<(usize, String)>,
+}
+
+#[derive(Default)]
+struct Replica<B: ConcatBackend> {
+    sentinel: Option<Tracked<B>>,
+    /// The tracked tensor each tap sends its gradient to, and the gradient received.
+    taps: Vec<WithGrad<B>>,
+    /// Each output and the gradient its stand-in received.
+    outputs: Vec<WithGrad<B>>,
+}
+
+impl<B: ConcatBackend> Default for State<B> {
+    fn default() -> Self {
+        Self {
+            replicas: Vec::new(),
+            hub: None,
+            pending: 0,
+            failed: None,
+        }
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Graphs<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplicaGraphs")
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
+    pub(crate) fn new(setup: ReplicaSetup<B>) -> Arc<Self> {
+        let count = setup.replicas.len();
+        Arc::new_cyclic(|me| Self {
+            setup,
+            state: Mutex::new(State {
+                replicas: (0..count).map(|_| Replica::default()).collect(),
+                ..State::default()
+            }),
+            done: Condvar::new(),
+            _strategy: core::marker::PhantomData,
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A tracked `[1]` zeros tensor on `device` that starts a new graph.
+    fn leaf(device: &B::Device) -> Tracked<B> {
+        let zeros = B::float_zeros([1].into(), device, FloatDType::F32);
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(zeros).require_grad()
+    }
+
+    /// Replica `replica`'s sentinel, made on first use.
+    fn sentinel(&self, state: &mut State<B>, replica: usize) -> Tracked<B> {
+        let device = &self.setup.replicas[replica].1;
+        state.replicas[replica]
+            .sentinel
+            .get_or_insert_with(|| {
+                let leaf = Self::leaf(device);
+                let value = leaf.primitive.clone();
+                let done = Done {
+                    graphs: self.me.clone(),
+                    replica,
+                };
+                match SentinelBackward::<C>(core::marker::PhantomData)
+                    .prepare::<C>([leaf.node])
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(done, value),
+                    OpsKind::UnTracked(prep) => prep.finish(value),
+                }
+            })
+            .clone()
+    }
+
+    /// The hub, made on first use: its parents are the taps' targets that are not leaves
+    /// (input shards), so that their own backward steps run after the hub has registered
+    /// their gradients; a fresh leaf when there is none.
+    fn hub(&self, state: &mut State<B>) -> Tracked<B> {
+        if let Some(hub) = &state.hub {
+            return hub.clone();
+        }
+        let mut parents: Vec<Tracked<B>> = state
+            .replicas
+            .iter()
+            .flat_map(|replica| replica.taps.iter().map(|(target, _)| target))
+            .filter(|target| !target.node.parents.is_empty())
+            .cloned()
+            .collect();
+        if parents.is_empty() {
+            let (_, device) = &self.setup.replicas[0];
+            parents.push(Self::leaf(device));
+        }
+        while parents.len() > 1 {
+            parents = parents
+                .chunks(super::MAX_TRACKED_INPUTS)
+                .map(|group| super::autodiff::join::<B, C>(group.to_vec()))
+                .collect();
+        }
+        let parent = parents.pop().expect("one parent");
+        let value = parent.primitive.clone();
+        let hub = match HubBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([parent.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(self.me.upgrade().expect("alive"), value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        state.hub = Some(hub.clone());
+        hub
+    }
+
+    /// Runs every replica's backward from its stored output gradients and returns, per
+    /// replica, each tap's target and gradient.
+    fn run_backward(&self) -> Vec<Vec<WithGrad<B>>> {
+        let mut state = self.lock();
+        let mut jobs: Vec<(usize, crate::parallel_apply::Detached)> = Vec::new();
+        for (index, replica) in state.replicas.iter_mut().enumerate() {
+            let seeds: Vec<(Tracked<B>, FloatTensor<B>)> = replica
+                .outputs
+                .iter_mut()
+                .filter_map(|(output, grad)| grad.take().map(|grad| (output.clone(), grad)))
+                .collect();
+            let Some(sentinel) = replica.sentinel.clone() else {
+                continue;
+            };
+            if seeds.is_empty() {
+                continue;
+            }
+            let graphs = self.me.clone();
+            let slot = self.setup.replicas[index].0;
+            jobs.push((
+                slot,
+                Box::new(move || {
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        replica_backward::<B, C>(seeds, sentinel)
+                    }));
+                    if let (Err(payload), Some(graphs)) = (run, graphs.upgrade()) {
+                        graphs.report(index, Some(panic_message(payload)));
+                    }
+                }),
+            ));
+        }
+        state.pending = jobs.len();
+        state.failed = None;
+        if !jobs.is_empty() {
+            (self.setup.spawner)(jobs);
+        }
+        while state.pending > 0 && state.failed.is_none() {
+            state = self.done.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some((replica, message)) = state.failed.take() {
+            drop(state);
+            panic!("the backward of replica {replica} panicked: {message}");
+        }
+        state
+            .replicas
+            .iter_mut()
+            .map(|replica| std::mem::take(&mut replica.taps))
+            .collect()
+    }
+
+    /// A replica's backward is over (`failure`: it panicked with this message).
+    fn report(&self, replica: usize, failure: Option<String>) {
+        let mut state = self.lock();
+        match failure {
+            Some(message) => {
+                state.failed.get_or_insert((replica, message));
+            }
+            None => state.pending = state.pending.saturating_sub(1),
+        }
+        self.done.notify_all();
+    }
+
+    /// Stores the gradient of tap `tap` of replica `replica`.
+    fn store_tap(&self, replica: usize, tap: usize, grad: FloatTensor<B>) {
+        let mut state = self.lock();
+        let slot = &mut state.replicas[replica].taps[tap].1;
+        *slot = Some(match slot.take() {
+            Some(previous) => B::float_add(previous, grad),
+            None => grad,
+        });
+    }
+
+    /// Stores the gradient of output `output` of replica `replica`.
+    fn store_output(&self, replica: usize, output: usize, grad: FloatTensor<B>) {
+        let mut state = self.lock();
+        let slot = &mut state.replicas[replica].outputs[output].1;
+        *slot = Some(match slot.take() {
+            Some(previous) => B::float_add(previous, grad),
+            None => grad,
+        });
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for Graphs<B, C> {
+    fn input(&self, replica: usize, value: Tracked<B>, target: &Tracked<B>) -> Tracked<B> {
+        if !target.is_tracked() {
+            return value;
+        }
+        let mut state = self.lock();
+        let sentinel = self.sentinel(&mut state, replica);
+        let taps = &mut state.replicas[replica].taps;
+        let tap = Tap {
+            graphs: self.me.clone(),
+            replica,
+            tap: taps.len(),
+        };
+        taps.push((target.clone(), None));
+        match TapBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([sentinel.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(tap, value.primitive),
+            OpsKind::UnTracked(prep) => prep.finish(value.primitive),
+        }
+    }
+
+    fn output(&self, replica: usize, output: Tracked<B>) -> Tracked<B> {
+        if !output.is_tracked() {
+            return output;
+        }
+        let mut state = self.lock();
+        let hub = self.hub(&mut state);
+        let outputs = &mut state.replicas[replica].outputs;
+        let stand_in = Tap {
+            graphs: self.me.clone(),
+            replica,
+            tap: outputs.len(),
+        };
+        let value = output.primitive.clone();
+        outputs.push((output, None));
+        match StandInBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([hub.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(stand_in, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        }
+    }
+
+    fn seal(&self) {
+        self.lock().hub = None;
+    }
+}
+
+/// One replica's backward, seeded with its outputs' gradients; the sentinel's term makes the
+/// sentinel part of the backward even when no tap is.
+fn replica_backward<B: ConcatBackend, C: CheckpointStrategy>(
+    seeds: Vec<(Tracked<B>, FloatTensor<B>)>,
+    sentinel: Tracked<B>,
+) {
+    type A<B, C> = Autodiff<B, C>;
+    let mut root = A::<B, C>::float_sum(A::<B, C>::float_mul_scalar(sentinel, 0.0f32.into()));
+    for (output, grad) in seeds {
+        let seed = <A<B, C> as AutodiffBackend>::from_inner(grad);
+        let term = A::<B, C>::float_sum(A::<B, C>::float_mul(output, seed));
+        root = A::<B, C>::float_add(root, term);
+    }
+    let _ = <A<B, C> as AutodiffBackend>::backward(root);
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(panic payload is not a string)".to_string()
+    }
+}
+
+/// Where a tap's (or a stand-in's) gradient goes.
+#[derive(Clone)]
+struct Tap<B: ConcatBackend, C: CheckpointStrategy> {
+    graphs: Weak<Graphs<B, C>>,
+    replica: usize,
+    tap: usize,
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Tap<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tap({}, {})", self.replica, self.tap)
+    }
+}
+
+#[derive(Debug)]
+struct TapBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for TapBackward<C>
+where
+    Tap<B, C>: Send,
+{
+    type State = Tap<B, C>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(graphs) = ops.state.graphs.upgrade() {
+            graphs.store_tap(ops.state.replica, ops.state.tap, grad);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct StandInBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StandInBackward<C>
+where
+    Tap<B, C>: Send,
+{
+    type State = Tap<B, C>;
+
+    /// Stores the gradient; the hub, their common parent, runs after every stand-in.
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        if let Some(graphs) = ops.state.graphs.upgrade() {
+            graphs.store_output(ops.state.replica, ops.state.tap, grad);
+        }
+    }
+}
+
+/// A replica's sentinel: reports the replica's backward done.
+#[derive(Clone)]
+struct Done<B: ConcatBackend, C: CheckpointStrategy> {
+    graphs: Weak<Graphs<B, C>>,
+    replica: usize,
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Done<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Done({})", self.replica)
+    }
+}
+
+#[derive(Debug)]
+struct SentinelBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for SentinelBackward<C>
+where
+    Done<B, C>: Send,
+{
+    type State = Done<B, C>;
+
+    /// Every tap is one level above the sentinel, so every tap's step has run.
+    fn backward(self, ops: Ops<Self::State, 1>, _: &mut Gradients, _: &mut Checkpointer) {
+        if let Some(graphs) = ops.state.graphs.upgrade() {
+            graphs.report(ops.state.replica, None);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct HubBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C>
+where
+    Graphs<B, C>: Send + Sync,
+{
+    type State = Arc<Graphs<B, C>>;
+
+    /// Runs the replicas' backward, sums each target's gradients on the target's device and
+    /// registers them.
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let graphs = ops.state;
+        let per_replica = graphs.run_backward();
+        let sink = graphs.setup.sink.clone();
+        let mut totals: Vec<(Tracked<B>, FloatTensor<B>)> = Vec::new();
+        for (index, taps) in per_replica.into_iter().enumerate() {
+            let device = &graphs.setup.replicas[index].1;
+            // Gradients bound for another device travel in one buffer per (device, dtype).
+            let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
+            let mut arrived: Vec<Option<FloatTensor<B>>> = Vec::with_capacity(taps.len());
+            for (i, (target, grad)) in taps.iter().enumerate() {
+                arrived.push(None);
+                let Some(grad) = grad else { continue };
+                let destination = B::float_device(&target.primitive);
+                if &destination == device {
+                    arrived[i] = Some(grad.clone());
+                    continue;
+                }
+                let dtype = grad.dtype();
+                match groups
+                    .iter_mut()
+                    .find(|(d, t, _)| *d == destination && *t == dtype)
+                {
+                    Some((_, _, members)) => members.push(i),
+                    None => groups.push((destination, dtype, vec![i])),
+                }
+            }
+            for (destination, _, members) in groups {
+                let start = sink.as_ref().map(|_| Instant::now());
+                let shapes: Vec<_> = members
+                    .iter()
+                    .map(|&i| taps[i].1.as_ref().expect("grad").shape())
+                    .collect();
+                let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
+                let flats = members
+                    .iter()
+                    .zip(&counts)
+                    .map(|(&i, &n)| B::float_reshape(taps[i].1.clone().expect("grad"), [n].into()))
+                    .collect();
+                let buffer = B::float_concat(flats, 0);
+                let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
+                let moved = B::float_move(buffer, &destination);
+                let pieces = B::float_split(moved, &counts, 0);
+                for ((&i, piece), shape) in members.iter().zip(pieces).zip(shapes) {
+                    arrived[i] = Some(B::float_reshape(piece, shape));
+                }
+                if let (Some(sink), Some(start)) = (&sink, start) {
+                    profile::synchronize::<B>(std::slice::from_ref(&destination));
+                    let mut profile = sink.lock();
+                    profile.backward_transfers += start.elapsed();
+                    profile.bytes_reduced += bytes;
+                    profile.reduce_transfers += 1;
+                }
+            }
+            for ((target, _), grad) in taps.into_iter().zip(arrived) {
+                let Some(grad) = grad else { continue };
+                match totals.iter_mut().find(|(t, _)| t.node.id == target.node.id) {
+                    Some((_, total)) => *total = B::float_add(total.clone(), grad),
+                    None => totals.push((target, grad)),
+                }
+            }
+        }
+        for (target, total) in totals {
+            grads.register::<B>(target.node.id, total);
+        }
+    }
+}
