@@ -29,6 +29,7 @@
 //! Environment: `TRAIN_STEP_STEPS="WARM,TIMED"` sets the steps per configuration (10,30 on
 //! CUDA); `TRAIN_STEP_BATCHES` (e.g. `64,256`) keeps only those of the models' batch sizes;
 //! `TRAIN_STEP_REPLICAS` (default `0,1,2,4`; 0 is the bare model) picks the configurations;
+//! `TRAIN_STEP_SERIAL_BACKWARD=1` runs every replica's backward on the calling thread;
 //! `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes
 //! a chart of samples/s, adding rows of the same CSV layout from `TORCH_CSV`
 //! (`benches/torch_models.py`). The device is synchronised at the end of every timed step.
@@ -50,7 +51,7 @@ use burn::nn::{
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_dataparallel::{DataParallel, DataParallelBackend, Mean, StepProfile};
+use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, Mean, StepProfile};
 
 /// The models' inputs: features, images or token ids.
 #[derive(Clone)]
@@ -416,7 +417,11 @@ fn run<B: DataParallelBackend>(
     let mut optim_dp = SgdConfig::new().init();
     let mut bare = Model::<B>::new(model, sizes, &device);
     let mut dp = (replicas > 0).then(|| {
-        DataParallel::new(Model::<B>::new(model, sizes, &device), devices.clone())
+        // TRAIN_STEP_SERIAL_BACKWARD=1: every replica's backward on the calling thread.
+        let serial = std::env::var("TRAIN_STEP_SERIAL_BACKWARD").as_deref() == Ok("1");
+        DataParallelConfig::new()
+            .with_parallel_backward(!serial)
+            .init(Model::<B>::new(model, sizes, &device), devices.clone())
             .expect("settings")
             .with_running_states_per_device()
     });

@@ -111,6 +111,8 @@ pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
         }
     };
     let home = module.devices();
+    // Running states are untracked float tensors; a module without any needs no own sets.
+    let untracked = !Shapes::of(&module).is_empty();
     // Which set of running states each replica uses: `None` for the module's, `Some(k)` for
     // the own set `k`, which lives on `own_devices[k]`.
     let mut own_devices: Vec<&B::Device> = Vec::new();
@@ -119,7 +121,9 @@ pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
         .enumerate()
         .map(|(i, device)| {
             let own = match own_states {
-                Some(_) if devices.len() > 1 => (per_replica && i > 0) || !home.contains(device),
+                Some(_) if devices.len() > 1 && untracked => {
+                    (per_replica && i > 0) || !home.contains(device)
+                }
                 _ => false,
             };
             own.then(|| match own_devices.iter().position(|d| *d == device) {
@@ -132,11 +136,11 @@ pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
         })
         .collect();
     // Only a copy mapped onto a device the module is not on can move shared states.
-    let shared_elsewhere = devices
+    let elsewhere = devices
         .iter()
         .zip(&groups)
         .any(|(device, group)| group.is_none() && !home.contains(device));
-    let noted = (devices.len() > 1 && shared_elsewhere).then(|| States::note(&module));
+    let noted = (devices.len() > 1 && elsewhere && untracked).then(|| States::note(&module));
     let mut states = HashSet::new();
     let sources: Vec<M> = match own_states {
         Some(fresh) if !own_devices.is_empty() => {
@@ -196,9 +200,8 @@ pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
             }
         })
         .collect();
-    if let Some(noted) = noted {
-        noted.restore(&module);
-    }
+    // A state put back is one a replica elsewhere shares and would move in its forward.
+    let shared_elsewhere = noted.is_some_and(|noted| noted.restore(&module));
     Replicas {
         replicas,
         own: own.into_iter().flatten().collect(),
@@ -507,10 +510,14 @@ impl<B: Backend> States<B> {
 
     /// Puts back every noted value that a replica moved to another device; the noted tensors
     /// are the moved values' sources, so nothing is copied.
-    fn restore<M: Module<B>>(self, module: &M) {
-        let _ = module.clone().map(&mut Restore {
+    /// Returns whether any value was put back.
+    fn restore<M: Module<B>>(self, module: &M) -> bool {
+        let mut restore = Restore {
             tensors: self.tensors,
-        });
+            restored: false,
+        };
+        let _ = module.clone().map(&mut restore);
+        restore.restored
     }
 }
 
@@ -525,6 +532,7 @@ impl<B: Backend> ModuleVisitor<B> for States<B> {
 
 struct Restore<B: Backend> {
     tensors: HashMap<ParamId, TensorPrimitive<B>>,
+    restored: bool,
 }
 
 impl<B: Backend> ModuleMapper<B> for Restore<B> {
@@ -537,6 +545,7 @@ impl<B: Backend> ModuleMapper<B> for Restore<B> {
             if tensor.device() == noted.device() {
                 tensor
             } else {
+                self.restored = true;
                 noted
             }
         })

@@ -317,7 +317,11 @@ fn replica_backward<B: ConcatBackend, C: CheckpointStrategy>(
     let mut root = A::<B, C>::float_sum(A::<B, C>::float_mul_scalar(sentinel, 0.0f32.into()));
     for (output, grad) in seeds {
         let seed = <A<B, C> as AutodiffBackend>::from_inner(grad);
-        let term = A::<B, C>::float_sum(A::<B, C>::float_mul(output, seed));
+        let mut term = A::<B, C>::float_sum(A::<B, C>::float_mul(output, seed));
+        // Outputs of other float types (half-precision logits) join the f32 root.
+        if term.dtype() != burn::tensor::DType::F32 {
+            term = A::<B, C>::float_cast(term, FloatDType::F32);
+        }
         root = A::<B, C>::float_add(root, term);
     }
     let _ = <A<B, C> as AutodiffBackend>::backward(root);
