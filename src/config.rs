@@ -46,8 +46,10 @@ pub struct DataParallelConfig {
     #[config(default = false)]
     pub profile: bool,
     /// Under `Autodiff`, whether each replica's backward runs on its own worker thread, at the
-    /// same time as the others (see the crate docs, "The pipeline"). Off: Burn runs the
-    /// backward of every replica on the calling thread, one graph for all.
+    /// same time as the others (see the crate docs, "The pipeline"), on backends that allow it
+    /// ([`ConcatBackend::concurrent_backward`](crate::ConcatBackend::concurrent_backward): not
+    /// `Fusion`, so on CUDA use `CubeBackend` to get it). Off: Burn runs the backward of every
+    /// replica on the calling thread, one graph for all.
     #[config(default = true)]
     pub parallel_backward: bool,
 }

@@ -205,8 +205,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.shard_weights.as_deref()
     }
 
-    /// Whether each replica's backward runs on its own worker thread under autodiff
-    /// ([`DataParallelConfig::parallel_backward`]).
+    /// Whether each replica's backward is to run on its own worker thread under autodiff
+    /// ([`DataParallelConfig::parallel_backward`]; backends without
+    /// [`ConcatBackend::concurrent_backward`] run it on the calling thread regardless).
     pub fn parallel_backward(&self) -> bool {
         self.parallel_backward
     }

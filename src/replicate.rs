@@ -188,7 +188,11 @@ pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
                 }
             };
             if let Some(k) = group {
-                own[k].get_or_insert_with(|| (copy.clone(), 0)).1 += 1;
+                // The source shares the copy's running states and holds only the module's own
+                // tensors: dropping it on this thread releases nothing a worker still needs
+                // (Fusion loses a tensor whose last reference is dropped on another thread
+                // while a worker's queued kernel still reads it).
+                own[k].get_or_insert_with(|| (sources[k].clone(), 0)).1 += 1;
             }
             match graphs {
                 Some(graphs) => copy.map(&mut Taps {

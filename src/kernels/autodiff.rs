@@ -298,6 +298,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::orders_receives()
     }
 
+    fn concurrent_backward() -> bool {
+        B::concurrent_backward()
+    }
+
     fn fence_receive(destination: &Self::Device) {
         B::fence_receive(destination)
     }
@@ -305,6 +309,9 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
     fn replica_graphs(
         setup: super::ReplicaSetup<Self>,
     ) -> Option<Arc<dyn super::ReplicaGraphs<Self>>> {
+        if !B::concurrent_backward() {
+            return None;
+        }
         let setup = super::ReplicaSetup {
             replicas: setup.replicas,
             spawner: setup.spawner,

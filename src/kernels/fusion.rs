@@ -212,6 +212,10 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
         B::device_transfers()
     }
 
+    fn concurrent_backward() -> bool {
+        false
+    }
+
     // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.
     fn fence_transfers(source: &Self::Device) {
         B::fence_transfers(source)

@@ -150,6 +150,14 @@ pub trait ConcatBackend: Backend {
         None
     }
 
+    /// Whether replicas' backward passes may run on their worker threads at the same time
+    /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward)).
+    /// True by default; false for `Fusion`, whose per-thread streams gave wrong gradients and
+    /// slower steps that way on two H200s (see the crate's benchmark results).
+    fn concurrent_backward() -> bool {
+        true
+    }
+
     /// Moves a float tensor to `device` (Burn's `to_device`) between a fence on the
     /// destination ([`fence_receive`](Self::fence_receive)) and one on the source
     /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
