@@ -31,9 +31,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Live heap bytes after step 100 and after step 1000 of training a batch-norm model with
+/// Live heap bytes after steps 100, 550 and 1000 of training a batch-norm model with
 /// `replicas` replicas on fresh batches of ten sizes.
-fn live_bytes_at_steps_100_and_1000(replicas: usize) -> (isize, isize) {
+fn live_bytes_at_steps_100_550_and_1000(replicas: usize) -> [isize; 3] {
     type B = FlexAd;
     let device = Default::default();
     let mut dp = DataParallel::new(BnNet::<B>::new(0.0, &device), devices::<B>(replicas)).unwrap();
@@ -50,11 +50,11 @@ fn live_bytes_at_steps_100_and_1000(replicas: usize) -> (isize, isize) {
         });
         let grads = GradientsParams::from_grads(loss.backward(), &dp);
         dp = optim.step(0.01, dp, grads);
-        if step == 99 || step == 999 {
+        if step == 99 || step == 549 || step == 999 {
             live_at.push(LIVE.load(Ordering::Relaxed));
         }
     }
-    (live_at[0], live_at[1])
+    [live_at[0], live_at[1], live_at[2]]
 }
 
 /// The live-byte counter is process-wide: tests measuring it run one at a time.
@@ -62,11 +62,15 @@ static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn assert_no_growth(replicas: usize) {
     let _alone = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-    let (at_100, at_1000) = live_bytes_at_steps_100_and_1000(replicas);
-    let growth = at_1000 - at_100;
+    let [at_100, at_550, at_1000] = live_bytes_at_steps_100_550_and_1000(replicas);
+    // A leak grows in both halves; a container that reaches its final capacity late (one
+    // resize of a hash map of graphs or threads' queues, seen as up to 72 KiB once) grows in
+    // one of them only.
+    let growth = (at_550 - at_100).min(at_1000 - at_550);
     assert!(
-        growth < 64 * 1024,
-        "live heap grew by {growth} bytes from step 100 ({at_100}) to step 1000 ({at_1000})"
+        growth < 24 * 1024,
+        "live heap grew by at least {growth} bytes in each half: step 100 {at_100}, \
+         step 550 {at_550}, step 1000 {at_1000}"
     );
 }
 
