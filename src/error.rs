@@ -169,17 +169,21 @@ impl DataParallelError {
         device: String,
         payload: Box<dyn std::any::Any + Send>,
     ) -> Self {
-        let message = if let Some(text) = payload.downcast_ref::<&str>() {
-            (*text).to_string()
-        } else if let Some(text) = payload.downcast_ref::<String>() {
-            text.clone()
-        } else {
-            "(panic payload is not a string)".to_string()
-        };
         Self::ReplicaPanicked {
             replica,
             device,
-            message,
+            message: panic_message(payload.as_ref()),
         }
+    }
+}
+
+/// The message of a caught panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(panic payload is not a string)".to_string()
     }
 }

@@ -197,7 +197,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
                         replica_backward::<B, C>(seeds, sentinel)
                     }));
                     if let (Err(payload), Some(graphs)) = (run, graphs.upgrade()) {
-                        graphs.report(index, Some(panic_message(payload)));
+                        graphs.report(index, Some(crate::error::panic_message(payload.as_ref())));
                     }
                 }),
             ));
@@ -233,21 +233,16 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         self.done.notify_all();
     }
 
-    /// Stores the gradient of tap `tap` of replica `replica`.
-    fn store_tap(&self, replica: usize, tap: usize, grad: FloatTensor<B>) {
+    /// Adds `grad` to what `slot` of replica `replica` has received.
+    fn store(&self, replica: usize, slot: Slot, index: usize, grad: FloatTensor<B>) {
         let mut state = self.lock();
-        let slot = &mut state.replicas[replica].taps[tap].1;
-        *slot = Some(match slot.take() {
-            Some(previous) => B::float_add(previous, grad),
-            None => grad,
-        });
-    }
-
-    /// Stores the gradient of output `output` of replica `replica`.
-    fn store_output(&self, replica: usize, output: usize, grad: FloatTensor<B>) {
-        let mut state = self.lock();
-        let slot = &mut state.replicas[replica].outputs[output].1;
-        *slot = Some(match slot.take() {
+        let replica = &mut state.replicas[replica];
+        let list = match slot {
+            Slot::Tap => &mut replica.taps,
+            Slot::Output => &mut replica.outputs,
+        };
+        let stored = &mut list[index].1;
+        *stored = Some(match stored.take() {
             Some(previous) => B::float_add(previous, grad),
             None => grad,
         });
@@ -265,10 +260,11 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for 
         let tap = Tap {
             graphs: self.me.clone(),
             replica,
-            tap: taps.len(),
+            slot: Slot::Tap,
+            index: taps.len(),
         };
         taps.push((target.clone(), None));
-        match TapBackward::<C>(core::marker::PhantomData)
+        match StoreBackward::<C>(core::marker::PhantomData)
             .prepare::<C>([sentinel.node])
             .compute_bound()
             .stateful()
@@ -288,11 +284,12 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for 
         let stand_in = Tap {
             graphs: self.me.clone(),
             replica,
-            tap: outputs.len(),
+            slot: Slot::Output,
+            index: outputs.len(),
         };
         let value = output.primitive.clone();
         outputs.push((output, None));
-        match StandInBackward::<C>(core::marker::PhantomData)
+        match StoreBackward::<C>(core::marker::PhantomData)
             .prepare::<C>([hub.node])
             .compute_bound()
             .stateful()
@@ -327,14 +324,13 @@ fn replica_backward<B: ConcatBackend, C: CheckpointStrategy>(
     let _ = <A<B, C> as AutodiffBackend>::backward(root);
 }
 
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_string()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "(panic payload is not a string)".to_string()
-    }
+/// Which list of a replica a stored gradient belongs to.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    /// A tap (the start of the replica's graph).
+    Tap,
+    /// A stand-in for one of the replica's outputs (in the caller's graph).
+    Output,
 }
 
 /// Where a tap's (or a stand-in's) gradient goes.
@@ -342,19 +338,22 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 struct Tap<B: ConcatBackend, C: CheckpointStrategy> {
     graphs: Weak<Graphs<B, C>>,
     replica: usize,
-    tap: usize,
+    slot: Slot,
+    index: usize,
 }
 
 impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Tap<B, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tap({}, {})", self.replica, self.tap)
+        write!(f, "{:?}({}, {})", self.slot, self.replica, self.index)
     }
 }
 
+/// The backward of a tap or a stand-in: stores its gradient. A stand-in's hub, their
+/// common parent, runs after every stand-in; a replica's sentinel after every tap.
 #[derive(Debug)]
-struct TapBackward<C>(core::marker::PhantomData<C>);
+struct StoreBackward<C>(core::marker::PhantomData<C>);
 
-impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for TapBackward<C>
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StoreBackward<C>
 where
     Tap<B, C>: Send,
 {
@@ -362,26 +361,14 @@ where
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        if let Some(graphs) = ops.state.graphs.upgrade() {
-            graphs.store_tap(ops.state.replica, ops.state.tap, grad);
-        }
-    }
-}
-
-#[derive(Debug)]
-struct StandInBackward<C>(core::marker::PhantomData<C>);
-
-impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StandInBackward<C>
-where
-    Tap<B, C>: Send,
-{
-    type State = Tap<B, C>;
-
-    /// Stores the gradient; the hub, their common parent, runs after every stand-in.
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(graphs) = ops.state.graphs.upgrade() {
-            graphs.store_output(ops.state.replica, ops.state.tap, grad);
+        let Tap {
+            graphs,
+            replica,
+            slot,
+            index,
+        } = ops.state;
+        if let Some(graphs) = graphs.upgrade() {
+            graphs.store(replica, slot, index, grad);
         }
     }
 }
