@@ -69,9 +69,10 @@ TOML
 # Time to first step in fresh processes: for each configuration in COLD_CONFIGS ("backend
 # model replicas batch", ';'-separated), a run on empty CubeCL caches, one with both caches
 # kept, and one with only the autotune cache kept; counts the kernels compiled and the
-# autotune entries written, from CubeCL's cache files.
+# autotune entries written, from CubeCL's cache files. COLD_CACHES picks the runs (default
+# "fresh kept autotune-only"); "carried" runs on a copy of the caches carried into the call.
 cold_start() {
-    local logs=$1 limit=${COLD_LIMIT:-150}
+    local logs=$1 limit=${COLD_LIMIT:-150} caches=${COLD_CACHES:-fresh kept autotune-only}
     local configs=${COLD_CONFIGS:-"fusion mlp 0 256;fusion mlp 1 256;fusion mlp 2 512;fusion mlp 4 1024;cube mlp 0 256;cube mlp 2 512"}
     local out="$logs/cold.md"
     echo "| cache | model | configuration | batch | warm-up | first step done | steps 2 / 3 / 4 | steady from start | steady step | kernels compiled | autotune entries |" >"$out"
@@ -84,8 +85,12 @@ cold_start() {
         rm -rf "$dir"
         mkdir -p "$dir"
         cp "$BUNDLE/cubecl.toml" "$dir/"
-        for cache in fresh kept autotune-only; do
+        for cache in $caches; do
             [ "$cache" = autotune-only ] && rm -rf "$dir/cuda"
+            if [ "$cache" = carried ]; then
+                rm -rf "$dir"/{cuda,autotune}
+                cp -r "$BUNDLE/work/cuda" "$BUNDLE/work/autotune" "$dir/" 2>/dev/null || true
+            fi
             local line
             line=$(cd "$dir" && timeout -k 10 "$limit" "../../work/train_step" cold "$backend" \
                 "$model" "$replicas" "$batch" 2>>"$logs/cold.err" | grep '^cold' ||
