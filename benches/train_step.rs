@@ -347,6 +347,9 @@ struct Row {
     first: Duration,
     memory: Option<u64>,
     profile: Option<StepProfile>,
+    /// The profiled step's forward (with the loss), backward and optimizer step, each
+    /// timed up to every device having run it.
+    phases: Option<[Duration; 3]>,
 }
 
 impl Row {
@@ -426,6 +429,16 @@ fn run<B: DataParallelBackend>(
             .with_running_states_per_device()
     });
     let sync = || B::sync(&device).expect("sync");
+    // Marks the end of a phase of the profiled step: waits for every device.
+    let mut marks: Vec<Instant> = Vec::new();
+    let mark = |profiled: bool, marks: &mut Vec<Instant>| {
+        if profiled {
+            for device in &devices {
+                B::sync(device).expect("sync");
+            }
+            marks.push(Instant::now());
+        }
+    };
     let (warm_up, timed) = steps;
     let mut times = Vec::new();
     let mut peak = None::<u64>;
@@ -439,33 +452,51 @@ fn run<B: DataParallelBackend>(
         match dp.take() {
             None => {
                 let loss = loss_fn.forward(bare.forward(x.clone()), y.clone());
+                mark(profiled, &mut marks);
                 let used = profiled
                     .then(|| in_use_after::<B>(&device, memory))
                     .flatten();
-                let grads = GradientsParams::from_grads(loss.backward(), &bare);
+                let backward = loss.backward();
+                mark(profiled, &mut marks);
+                let grads = GradientsParams::from_grads(backward, &bare);
                 bare = optim.step(0.01, bare, grads);
+                mark(profiled, &mut marks);
                 peak = peak.max(used);
             }
             Some(wrapped) => {
                 let Mean(loss) = wrapped.forward_with((x.clone(), y.clone()), |m, (x, y)| {
                     Mean(loss_fn.forward(m.forward(x), y))
                 });
+                mark(profiled, &mut marks);
                 let used = profiled
                     .then(|| in_use_after::<B>(&device, memory))
                     .flatten();
-                let grads = GradientsParams::from_grads(loss.backward(), &wrapped);
+                let backward = loss.backward();
+                mark(profiled, &mut marks);
+                let grads = GradientsParams::from_grads(backward, &wrapped);
                 if profiled {
                     profile = wrapped.profile();
                 }
                 dp = Some(optim_dp.step(0.01, wrapped, grads));
+                mark(profiled, &mut marks);
                 peak = peak.max(used);
             }
         }
         sync();
         if !profiled {
             times.push(start.elapsed());
+        } else {
+            marks.insert(0, start);
         }
     }
+    // The memory probe between the forward's mark and the backward is not part of a phase.
+    let phases = (marks.len() == 4).then(|| {
+        [
+            marks[1] - marks[0],
+            marks[2] - marks[1],
+            marks[3] - marks[2],
+        ]
+    });
     Row {
         backend: backend.to_string(),
         model: model.to_string(),
@@ -489,6 +520,7 @@ fn run<B: DataParallelBackend>(
         median: median(times[1 + warm_up..].to_vec()),
         memory: peak,
         profile,
+        phases,
     }
 }
 
@@ -529,6 +561,19 @@ fn bench_backend<B: DataParallelBackend>(
 /// The stage profile of the row's profiled step, and the rates of its transfers between
 /// devices, if any.
 fn print_profile(row: &Row) {
+    if let Some([forward, backward, optimizer]) = row.phases {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "phases {} {} b{} {}: forward and loss {:.3} ms, backward {:.3} ms, optimizer {:.3} ms",
+            row.backend,
+            row.model,
+            row.batch,
+            row.config,
+            ms(forward),
+            ms(backward),
+            ms(optimizer),
+        );
+    }
     let Some(profile) = &row.profile else { return };
     println!(
         "profile {} {} b{} {}: {profile}",

@@ -50,6 +50,11 @@ pub struct StepProfile {
     pub forward: Vec<Duration>,
     /// Moving the outputs to the output device and concatenating them.
     pub gather: Duration,
+    /// Each replica's backward, by shard, when the replicas' backward runs in parallel
+    /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward)):
+    /// from the start of the replicas' backward to the replica's device having run it.
+    /// Empty when the backward ran on the calling thread.
+    pub backward: Vec<Duration>,
     /// In the backward: collecting the replicas' parameter gradients and moving them back to
     /// the parameters' device (zero when every replica shares that device).
     pub backward_transfers: Duration,
@@ -73,6 +78,11 @@ impl StepProfile {
         self.forward.iter().copied().max().unwrap_or_default()
     }
 
+    /// The slowest replica's backward (zero when the backward ran on the calling thread).
+    pub fn slowest_backward(&self) -> Duration {
+        self.backward.iter().copied().max().unwrap_or_default()
+    }
+
     /// Scatter, replicate, the slowest forward and gather: the forward's critical path.
     pub fn forward_total(&self) -> Duration {
         self.scatter + self.replicate + self.slowest_forward() + self.gather
@@ -82,19 +92,22 @@ impl StepProfile {
 impl std::fmt::Display for StepProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let forwards: Vec<String> = self
-            .forward
-            .iter()
-            .map(|d| format!("{:.3}", ms(*d)))
-            .collect();
+        let list = |times: &[Duration]| {
+            let times: Vec<String> = times.iter().map(|d| format!("{:.3}", ms(*d))).collect();
+            times.join(", ")
+        };
+        let backward = match self.backward.is_empty() {
+            true => String::new(),
+            false => format!("backward [{}] ms, ", list(&self.backward)),
+        };
         write!(
             f,
             "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, gather {:.3} ms, \
-             backward transfers {:.3} ms; moved {} B scattered, {} B broadcast in {} transfers, \
-             {} B gathered, {} B reduced in {} transfers",
+             {backward}backward transfers {:.3} ms; moved {} B scattered, {} B broadcast in {} \
+             transfers, {} B gathered, {} B reduced in {} transfers",
             ms(self.scatter),
             ms(self.replicate),
-            forwards.join(", "),
+            list(&self.forward),
             ms(self.gather),
             ms(self.backward_transfers),
             self.bytes_scattered,
@@ -202,6 +215,23 @@ pub(crate) fn replica<B: Backend, T>(
     synchronize::<B>(std::slice::from_ref(device));
     sink.lock().forward[shard] = start.elapsed();
     output
+}
+
+/// Records that replica `shard`'s backward, started at `start`, is over once `device` has
+/// run it.
+pub(crate) fn replica_backward<B: Backend>(
+    sink: &Sink,
+    shard: usize,
+    device: &B::Device,
+    start: Instant,
+) {
+    synchronize::<B>(std::slice::from_ref(device));
+    let elapsed = start.elapsed();
+    let mut profile = sink.lock();
+    if profile.backward.len() <= shard {
+        profile.backward.resize(shard + 1, Duration::ZERO);
+    }
+    profile.backward[shard] = elapsed;
 }
 
 /// Counts `bytes` moved to another device by the current stage, if one is being profiled.

@@ -222,60 +222,60 @@ impl<B: ConcatBackend, M: Module<B>> Replicas<B, M> {
     /// the mean over all replicas, as if all had shared one set.
     ///
     /// Computed as `h + Σ n/N (s - h)`, so that states no replica updated (inference) come
-    /// back bit for bit. Each own set comes home in one coalesced transfer per dtype.
+    /// back bit for bit, on whole buffers: each own set comes home in one coalesced transfer
+    /// per dtype, and the arithmetic runs once per set and dtype, not once per state.
     pub(crate) fn fold(self, module: &M, home: &B::Device) {
         if self.own.is_empty() || self.states.is_empty() {
             return;
         }
         let total = (self.shared + self.own.iter().map(|(_, n)| n).sum::<usize>()) as f64;
-        let base: HashMap<ParamId, Tensor<B, 1>> =
-            Flat::of(module, &self.states).into_iter().collect();
-        let mut folded = base.clone();
-        for (copy, count) in self.own {
-            // Averages the updates of the replicas that share this set.
-            let _ = copy.clone().into_record();
-            let (ids, values): (Vec<ParamId>, Vec<Tensor<B, 1>>) =
-                Flat::of(&copy, &self.states).into_iter().unzip();
-            for (id, value) in ids.into_iter().zip(move_flats(values, home)) {
-                if let (Some(sum), Some(base)) = (folded.remove(&id), base.get(&id)) {
-                    let step = value.sub(base.clone()).mul_scalar(count as f64 / total);
-                    folded.insert(id, sum.add(step));
-                }
+        let base = Flat::of(module, &self.states);
+        let own: Vec<(HashMap<ParamId, Tensor<B, 1>>, usize)> = self
+            .own
+            .into_iter()
+            .map(|(copy, count)| {
+                // Averages the updates of the replicas that share this set.
+                let _ = copy.clone().into_record();
+                (Flat::of(&copy, &self.states).into_iter().collect(), count)
+            })
+            .collect();
+        let mut dtypes: Vec<DType> = Vec::new();
+        for (_, value) in &base {
+            if !dtypes.contains(&value.dtype()) {
+                dtypes.push(value.dtype());
+            }
+        }
+        let mut folded = HashMap::with_capacity(base.len());
+        for dtype in dtypes {
+            let members: Vec<usize> = (0..base.len())
+                .filter(|&i| base[i].1.dtype() == dtype)
+                .collect();
+            let counts: Vec<usize> = members.iter().map(|&i| base[i].1.dims()[0]).collect();
+            let length: usize = counts.iter().sum();
+            let start = kernels::coalesce(members.iter().map(|&i| base[i].1.clone()).collect());
+            // A state missing from a set counts as not updated there.
+            let buffer = |set: &HashMap<ParamId, Tensor<B, 1>>| {
+                let pieces = members.iter().map(|&i| match set.get(&base[i].0) {
+                    Some(value) => value.clone(),
+                    None => base[i].1.clone(),
+                });
+                kernels::coalesce(pieces.collect())
+            };
+            let mut sum = start.clone();
+            for (flat, count) in &own {
+                profile::count_move((length * dtype.size()) as u64);
+                let moved = kernels::move_split(buffer(flat), &[length], home)
+                    .pop()
+                    .expect("one piece");
+                let step = moved.sub(start.clone()).mul_scalar(*count as f64 / total);
+                sum = sum.add(step);
+            }
+            for (&i, value) in members.iter().zip(kernels::uncoalesce(sum, &counts)) {
+                folded.insert(base[i].0, value);
             }
         }
         let _ = module.clone().map(&mut SetStates { values: folded });
     }
-}
-
-/// Moves flat float tensors to `device`, one coalesced transfer per dtype, in order.
-fn move_flats<B: ConcatBackend>(flats: Vec<Tensor<B, 1>>, device: &B::Device) -> Vec<Tensor<B, 1>> {
-    let mut arrived: Vec<Option<Tensor<B, 1>>> = (0..flats.len()).map(|_| None).collect();
-    let mut dtypes: Vec<DType> = flats.iter().map(Tensor::dtype).collect();
-    dtypes.dedup();
-    let mut done: Vec<DType> = Vec::new();
-    for dtype in dtypes {
-        if done.contains(&dtype) {
-            continue;
-        }
-        done.push(dtype);
-        let members: Vec<usize> = (0..flats.len())
-            .filter(|&i| flats[i].dtype() == dtype)
-            .collect();
-        let counts: Vec<usize> = members.iter().map(|&i| flats[i].dims()[0]).collect();
-        let buffer = kernels::coalesce(members.iter().map(|&i| flats[i].clone()).collect());
-        let bytes: usize = counts.iter().sum::<usize>() * dtype.size();
-        profile::count_move(bytes as u64);
-        for (&i, piece) in members
-            .iter()
-            .zip(kernels::move_split(buffer, &counts, device))
-        {
-            arrived[i] = Some(piece);
-        }
-    }
-    arrived
-        .into_iter()
-        .map(|t| t.expect("every tensor moved"))
-        .collect()
 }
 
 /// The ids of `module`'s running states: the untracked float tensors that a mapped clone of

@@ -56,6 +56,8 @@ struct State<B: ConcatBackend> {
     pending: usize,
     /// The first replica backward that panicked, with its message.
     failed: Option<(usize, String)>,
+    /// When the running backward started, if the step is profiled.
+    started: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -74,6 +76,7 @@ impl<B: ConcatBackend> Default for State<B> {
             hub: None,
             pending: 0,
             failed: None,
+            started: None,
         }
     }
 }
@@ -204,6 +207,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         }
         state.pending = jobs.len();
         state.failed = None;
+        state.started = self.setup.sink.as_ref().map(|_| Instant::now());
         if !jobs.is_empty() {
             (self.setup.spawner)(jobs);
         }
@@ -223,6 +227,11 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
 
     /// A replica's backward is over (`failure`: it panicked with this message).
     fn report(&self, replica: usize, failure: Option<String>) {
+        let started = self.lock().started;
+        if let (None, Some(sink), Some(started)) = (&failure, &self.setup.sink, started) {
+            let device = &self.setup.replicas[replica].1;
+            profile::replica_backward::<B>(sink, replica, device, started);
+        }
         let mut state = self.lock();
         match failure {
             Some(message) => {
@@ -417,67 +426,173 @@ where
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let graphs = ops.state;
         let per_replica = graphs.run_backward();
-        let sink = graphs.setup.sink.clone();
-        let mut totals: Vec<(Tracked<B>, FloatTensor<B>)> = Vec::new();
-        for (index, taps) in per_replica.into_iter().enumerate() {
-            let device = &graphs.setup.replicas[index].1;
-            // Gradients bound for another device travel in one buffer per (device, dtype).
-            let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
-            let mut arrived: Vec<Option<FloatTensor<B>>> = Vec::with_capacity(taps.len());
-            for (i, (target, grad)) in taps.iter().enumerate() {
-                arrived.push(None);
-                let Some(grad) = grad else { continue };
-                let destination = B::float_device(&target.primitive);
-                if &destination == device {
-                    arrived[i] = Some(grad.clone());
-                    continue;
-                }
-                let dtype = grad.dtype();
-                match groups
-                    .iter_mut()
-                    .find(|(d, t, _)| *d == destination && *t == dtype)
-                {
-                    Some((_, _, members)) => members.push(i),
-                    None => groups.push((destination, dtype, vec![i])),
-                }
-            }
-            for (destination, _, members) in groups {
-                let start = sink.as_ref().map(|_| Instant::now());
-                let shapes: Vec<_> = members
-                    .iter()
-                    .map(|&i| taps[i].1.as_ref().expect("grad").shape())
-                    .collect();
-                let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
-                let flats = members
-                    .iter()
-                    .zip(&counts)
-                    .map(|(&i, &n)| B::float_reshape(taps[i].1.clone().expect("grad"), [n].into()))
-                    .collect();
-                let buffer = B::float_concat(flats, 0);
-                let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
-                let moved = B::float_move(buffer, &destination);
-                let pieces = B::float_split(moved, &counts, 0);
-                for ((&i, piece), shape) in members.iter().zip(pieces).zip(shapes) {
-                    arrived[i] = Some(B::float_reshape(piece, shape));
-                }
-                if let (Some(sink), Some(start)) = (&sink, start) {
-                    profile::synchronize::<B>(std::slice::from_ref(&destination));
-                    let mut profile = sink.lock();
-                    profile.backward_transfers += start.elapsed();
-                    profile.bytes_reduced += bytes;
-                    profile.reduce_transfers += 1;
-                }
-            }
-            for ((target, _), grad) in taps.into_iter().zip(arrived) {
-                let Some(grad) = grad else { continue };
-                match totals.iter_mut().find(|(t, _)| t.node.id == target.node.id) {
-                    Some((_, total)) => *total = B::float_add(total.clone(), grad),
-                    None => totals.push((target, grad)),
-                }
-            }
-        }
+        let devices: Vec<&B::Device> = graphs.setup.replicas.iter().map(|(_, d)| d).collect();
+        let totals = match uniform(&per_replica) {
+            true => reduce_coalesced(per_replica, &devices, graphs.setup.sink.as_deref()),
+            false => reduce_each(per_replica, &devices, graphs.setup.sink.as_deref()),
+        };
         for (target, total) in totals {
             grads.register::<B>(target.node.id, total);
         }
     }
+}
+
+/// Whether every replica has a gradient for the same targets, in the same order (the same
+/// model on every shard): then the gradients can be summed as whole buffers.
+fn uniform<B: ConcatBackend>(per_replica: &[Vec<WithGrad<B>>]) -> bool {
+    let Some(first) = per_replica.first() else {
+        return false;
+    };
+    per_replica.iter().all(|taps| {
+        taps.len() == first.len()
+            && taps
+                .iter()
+                .zip(first)
+                .all(|((t, g), (f, _))| g.is_some() && t.node.id == f.node.id)
+    })
+}
+
+/// Flat gradients of `members`, concatenated into one buffer.
+fn flatten<B: ConcatBackend>(taps: &[WithGrad<B>], members: &[usize]) -> FloatTensor<B> {
+    let flats = members
+        .iter()
+        .map(|&i| {
+            let grad = taps[i].1.clone().expect("uniform gradients");
+            let count = grad.shape().num_elements();
+            B::float_reshape(grad, [count].into())
+        })
+        .collect();
+    B::float_concat(flats, 0)
+}
+
+/// Moves `buffer` to `destination`, counting the transfer in the profile.
+fn move_counted<B: ConcatBackend>(
+    buffer: FloatTensor<B>,
+    destination: &B::Device,
+    sink: Option<&profile::Sink>,
+) -> FloatTensor<B> {
+    let Some(sink) = sink else {
+        return B::float_move(buffer, destination);
+    };
+    let start = Instant::now();
+    let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
+    let moved = B::float_move(buffer, destination);
+    profile::synchronize::<B>(std::slice::from_ref(destination));
+    let mut profile = sink.lock();
+    profile.backward_transfers += start.elapsed();
+    profile.bytes_reduced += bytes;
+    profile.reduce_transfers += 1;
+    moved
+}
+
+/// Sums the replicas' gradients as whole buffers: per target device and dtype, each replica's
+/// gradients are concatenated on its device, replicas on one device added there, each
+/// device's sum moved to the target device in one transfer, and the sums split once.
+fn reduce_coalesced<B: ConcatBackend>(
+    per_replica: Vec<Vec<WithGrad<B>>>,
+    devices: &[&B::Device],
+    sink: Option<&profile::Sink>,
+) -> Vec<(Tracked<B>, FloatTensor<B>)> {
+    let first = &per_replica[0];
+    let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
+    for (i, (target, grad)) in first.iter().enumerate() {
+        let destination = B::float_device(&target.primitive);
+        let dtype = grad.as_ref().expect("uniform gradients").dtype();
+        match groups
+            .iter_mut()
+            .find(|(d, t, _)| *d == destination && *t == dtype)
+        {
+            Some((_, _, members)) => members.push(i),
+            None => groups.push((destination, dtype, vec![i])),
+        }
+    }
+    let mut totals = Vec::with_capacity(first.len());
+    for (destination, _, members) in groups {
+        // One partial sum per device, in replica order.
+        let mut partial: Vec<(&B::Device, FloatTensor<B>)> = Vec::new();
+        for (taps, &device) in per_replica.iter().zip(devices) {
+            let buffer = flatten(taps, &members);
+            match partial.iter_mut().find(|(d, _)| *d == device) {
+                Some((_, sum)) => *sum = B::float_add(sum.clone(), buffer),
+                None => partial.push((device, buffer)),
+            }
+        }
+        let mut total: Option<FloatTensor<B>> = None;
+        for (device, sum) in partial {
+            let arrived = match device == &destination {
+                true => sum,
+                false => move_counted::<B>(sum, &destination, sink),
+            };
+            total = Some(match total {
+                Some(total) => B::float_add(total, arrived),
+                None => arrived,
+            });
+        }
+        let total = total.expect("one replica at least");
+        let shapes: Vec<_> = members
+            .iter()
+            .map(|&i| first[i].1.as_ref().expect("uniform gradients").shape())
+            .collect();
+        let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
+        for ((&i, piece), shape) in members
+            .iter()
+            .zip(B::float_split(total, &counts, 0))
+            .zip(shapes)
+        {
+            totals.push((first[i].0.clone(), B::float_reshape(piece, shape)));
+        }
+    }
+    totals
+}
+
+/// Sums the replicas' gradients target by target (replicas whose gradients differ in
+/// targets): gradients bound for another device travel in one buffer per replica, device and
+/// dtype.
+fn reduce_each<B: ConcatBackend>(
+    per_replica: Vec<Vec<WithGrad<B>>>,
+    devices: &[&B::Device],
+    sink: Option<&profile::Sink>,
+) -> Vec<(Tracked<B>, FloatTensor<B>)> {
+    let mut totals: Vec<(Tracked<B>, FloatTensor<B>)> = Vec::new();
+    for (taps, &device) in per_replica.into_iter().zip(devices) {
+        let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
+        let mut arrived: Vec<Option<FloatTensor<B>>> = Vec::with_capacity(taps.len());
+        for (i, (target, grad)) in taps.iter().enumerate() {
+            arrived.push(None);
+            let Some(grad) = grad else { continue };
+            let destination = B::float_device(&target.primitive);
+            if &destination == device {
+                arrived[i] = Some(grad.clone());
+                continue;
+            }
+            let dtype = grad.dtype();
+            match groups
+                .iter_mut()
+                .find(|(d, t, _)| *d == destination && *t == dtype)
+            {
+                Some((_, _, members)) => members.push(i),
+                None => groups.push((destination, dtype, vec![i])),
+            }
+        }
+        for (destination, _, members) in groups {
+            let shapes: Vec<_> = members
+                .iter()
+                .map(|&i| taps[i].1.as_ref().expect("grad").shape())
+                .collect();
+            let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
+            let moved = move_counted::<B>(flatten(&taps, &members), &destination, sink);
+            let pieces = B::float_split(moved, &counts, 0);
+            for ((&i, piece), shape) in members.iter().zip(pieces).zip(shapes) {
+                arrived[i] = Some(B::float_reshape(piece, shape));
+            }
+        }
+        for ((target, _), grad) in taps.into_iter().zip(arrived) {
+            let Some(grad) = grad else { continue };
+            match totals.iter_mut().find(|(t, _)| t.node.id == target.node.id) {
+                Some((_, total)) => *total = B::float_add(total.clone(), grad),
+                None => totals.push((target, grad)),
+            }
+        }
+    }
+    totals
 }

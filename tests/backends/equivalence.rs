@@ -331,7 +331,59 @@ fn input_and_outside_gradients_match_bare<B: DataParallelBackend>(parallel_backw
     );
 }
 
+/// Two heads, picked by the shard's size, so that some parameters get gradients from some
+/// replicas only.
+#[derive(Module, Debug)]
+struct TwoHeads<B: burn::tensor::backend::Backend> {
+    first: burn::nn::Linear<B>,
+    second: burn::nn::Linear<B>,
+}
+
+impl<B: burn::tensor::backend::Backend> TwoHeads<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match x.dims()[0] {
+            3 => self.first.forward(x),
+            _ => self.second.forward(x),
+        }
+    }
+}
+
+/// Replicas whose gradients reach different parameters (7 items over 3 replicas: shards of
+/// 3, 2 and 2, the first through one head, the others through the other) sum to the
+/// reference's gradients, shard by shard on one device.
+fn shard_dependent_paths_match_bare<B: DataParallelBackend>(parallel_backward: bool) {
+    let device = Default::default();
+    let model = TwoHeads::<B> {
+        first: burn::nn::LinearConfig::new(8, 4).init(&device),
+        second: burn::nn::LinearConfig::new(8, 4).init(&device),
+    };
+    let dp = DataParallelConfig::new()
+        .with_parallel_backward(parallel_backward)
+        .init(model, devices::<B>(3))
+        .unwrap();
+    let bare = dp.module().clone();
+    let input = random::<B, 2>([7, 8], &device);
+    let expected = Tensor::cat(
+        [0..3, 3..5, 5..7]
+            .into_iter()
+            .map(|rows| bare.forward(input.clone().slice([rows])))
+            .collect(),
+        0,
+    );
+    let actual = dp.forward_with(input, |m, x| m.forward(x));
+    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
+    let weights = probe(&expected);
+    let expected_grads = (expected * weights.clone()).sum().backward();
+    let actual_grads = (actual * weights).sum().backward();
+    assert_grads_close(
+        &param_grads(dp.module(), &actual_grads),
+        &param_grads(&bare, &expected_grads),
+    );
+}
+
 backend_tests! {
+    shard_dependent_paths => shard_dependent_paths_match_bare(true);
+    shard_dependent_paths_serial => shard_dependent_paths_match_bare(false);
     serial_backward => serial_backward_matches_bare(3, 7);
     input_and_outside_gradients => input_and_outside_gradients_match_bare(true);
     input_and_outside_gradients_serial => input_and_outside_gradients_match_bare(false);
