@@ -20,6 +20,7 @@
 # autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
 # as LOG_DIR/aa-cubecl-cache.tgz.NN, parts of at most 15 MiB (a file coming back from the GPU
 # machine may have 16 MiB; "aa-" sorts them before the logs, since at most 8 files come back).
+# (SAVE_CACHE=0 skips writing them.)
 # Copy the parts into gpu-cache/ (also ignored) and carry it with the binaries the mode needs,
 # e.g. carry ["gpu-bundle/train_step.xz", "gpu-bundle/cubecl.toml", "gpu-cache"]: binaries
 # that did not travel are skipped. An older single gpu-bundle/cubecl-cache.tar.gz is read too.
@@ -69,8 +70,11 @@ TOML
 # Time to first step in fresh processes: for each configuration in COLD_CONFIGS ("backend
 # model replicas batch", ';'-separated), a run on empty CubeCL caches, one with both caches
 # kept, and one with only the autotune cache kept; counts the kernels compiled and the
-# autotune entries written, from CubeCL's cache files. COLD_CACHES picks the runs (default
-# "fresh kept autotune-only"); "carried" runs on a copy of the caches carried into the call.
+# autotune entries written, from CubeCL's cache files. COLD_CACHES picks the runs, in order
+# (default "fresh kept autotune-only"): "carried" starts from a copy of the caches carried
+# into the call, "carried-autotune" from a copy of their autotune cache only (so the kept
+# compilation cache after it holds this model's kernels alone), and "kept-nojit" reruns on
+# the caches left with the CUDA driver's own cache of compiled PTX off (CUDA_CACHE_DISABLE=1).
 cold_start() {
     local logs=$1 limit=${COLD_LIMIT:-150} caches=${COLD_CACHES:-fresh kept autotune-only}
     local configs=${COLD_CONFIGS:-"fusion mlp 0 256;fusion mlp 1 256;fusion mlp 2 512;fusion mlp 4 1024;cube mlp 0 256;cube mlp 2 512"}
@@ -87,12 +91,15 @@ cold_start() {
         cp "$BUNDLE/cubecl.toml" "$dir/"
         for cache in $caches; do
             [ "$cache" = autotune-only ] && rm -rf "$dir/cuda"
-            if [ "$cache" = carried ]; then
+            if [ "$cache" = carried ] || [ "$cache" = carried-autotune ]; then
                 rm -rf "$dir"/{cuda,autotune}
-                cp -r "$BUNDLE/work/cuda" "$BUNDLE/work/autotune" "$dir/" 2>/dev/null || true
+                cp -r "$BUNDLE/work/autotune" "$dir/" 2>/dev/null || true
+                [ "$cache" = carried ] && cp -r "$BUNDLE/work/cuda" "$dir/" 2>/dev/null
             fi
-            local line
-            line=$(cd "$dir" && timeout -k 10 "$limit" "../../work/train_step" cold "$backend" \
+            local line nojit=0
+            [ "$cache" = kept-nojit ] && nojit=1
+            line=$(cd "$dir" && CUDA_CACHE_DISABLE=$nojit timeout -k 10 "$limit" \
+                "../../work/train_step" cold "$backend" \
                 "$model" "$replicas" "$batch" 2>>"$logs/cold.err" | grep '^cold' ||
                 echo "cold | $model | $replicas replicas | $batch | timed out or failed |||||")
             local kernels=0 tuned=0
@@ -208,11 +215,13 @@ run() {
         [ -n "${SKIP_STEP_TIME:-}" ] || step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
     fi
 
-    local exclude=(--exclude=cubecl.toml)
-    for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
-    (cd "$work" && tar czf - "${exclude[@]}" .) |
-        split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
-    ls -l "$logs"/aa-cubecl-cache.tgz.*
+    if [ "${SAVE_CACHE:-1}" = 1 ]; then
+        local exclude=(--exclude=cubecl.toml)
+        for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
+        (cd "$work" && tar czf - "${exclude[@]}" .) |
+            split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
+        ls -l "$logs"/aa-cubecl-cache.tgz.*
+    fi
     echo
     for name in tests-cuda-fusion tests-cuda-cube tests-cuda-half tests-cuda-faults \
         tests-kernels-cuda tests-multi-fusion tests-multi-cube; do

@@ -313,24 +313,29 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for 
     }
 }
 
-/// One replica's backward, seeded with its outputs' gradients; the sentinel's term makes the
-/// sentinel part of the backward even when no tap is.
+/// One replica's backward, seeded with its outputs' gradients: the root is the flat
+/// concatenation of each output times its gradient (Burn seeds a root with ones, so each
+/// output receives its gradient) and of the sentinel times zero, which makes the sentinel
+/// part of the backward even when no tap is. A concatenation rather than a sum, so that the
+/// seeding adds no reduction for CubeCL to tune.
 fn replica_backward<B: ConcatBackend, C: CheckpointStrategy>(
     seeds: Vec<(Tracked<B>, FloatTensor<B>)>,
     sentinel: Tracked<B>,
 ) {
     type A<B, C> = Autodiff<B, C>;
-    let mut root = A::<B, C>::float_sum(A::<B, C>::float_mul_scalar(sentinel, 0.0f32.into()));
+    let mut parts = vec![A::<B, C>::float_mul_scalar(sentinel, 0.0f32.into())];
     for (output, grad) in seeds {
         let seed = <A<B, C> as AutodiffBackend>::from_inner(grad);
-        let mut term = A::<B, C>::float_sum(A::<B, C>::float_mul(output, seed));
-        // Outputs of other float types (half-precision logits) join the f32 root.
+        let term = A::<B, C>::float_mul(output, seed);
+        let count = term.shape().num_elements();
+        let mut term = A::<B, C>::float_reshape(term, [count].into());
+        // Outputs of other float types (half-precision logits) join the f32 sentinel.
         if term.dtype() != burn::tensor::DType::F32 {
             term = A::<B, C>::float_cast(term, FloatDType::F32);
         }
-        root = A::<B, C>::float_add(root, term);
+        parts.push(term);
     }
-    let _ = <A<B, C> as AutodiffBackend>::backward(root);
+    let _ = <A<B, C> as AutodiffBackend>::backward(A::<B, C>::float_cat(parts, 0));
 }
 
 /// Which list of a replica a stored gradient belongs to.
