@@ -37,8 +37,11 @@ pub struct DataParallelConfig {
     /// when `None`.
     pub shard_weights: Option<Vec<f64>>,
     /// Largest coalesced parameter transfer to a replica on another device, in bytes (25 MiB
-    /// by default); gradients come back in the same buckets. Zero moves every parameter on its
-    /// own. Replicas on the parameters' device never copy them.
+    /// by default). With the single backward, gradients come back in the same buckets; with
+    /// the parallel backward ([`parallel_backward`](Self::parallel_backward)), the gradients
+    /// of the replicas on each device are summed there and come back in one buffer per dtype.
+    /// Zero moves every parameter on its own. Replicas on the parameters' device never copy
+    /// them.
     #[config(default = 26214400)]
     pub bucket_size: usize,
     /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
