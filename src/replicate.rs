@@ -253,18 +253,24 @@ impl<B: ConcatBackend, M: Module<B>> Replicas<B, M> {
             let counts: Vec<usize> = members.iter().map(|&i| base[i].1.dims()[0]).collect();
             let length: usize = counts.iter().sum();
             let start = kernels::coalesce(members.iter().map(|&i| base[i].1.clone()).collect());
-            // A state missing from a set counts as not updated there.
-            let buffer = |set: &HashMap<ParamId, Tensor<B, 1>>| {
+            // A state missing from a set counts as not updated there: the module's value,
+            // sent to the set's device.
+            let buffer = |set: &HashMap<ParamId, Tensor<B, 1>>, device: &B::Device| {
                 let pieces = members.iter().map(|&i| match set.get(&base[i].0) {
                     Some(value) => value.clone(),
-                    None => base[i].1.clone(),
+                    None => kernels::move_split(base[i].1.clone(), &[base[i].1.dims()[0]], device)
+                        .pop()
+                        .expect("one piece"),
                 });
                 kernels::coalesce(pieces.collect())
             };
             let mut sum = start.clone();
             for (flat, count) in &own {
+                let Some(device) = flat.values().next().map(Tensor::device) else {
+                    continue;
+                };
                 profile::count_move((length * dtype.size()) as u64);
-                let moved = kernels::move_split(buffer(flat), &[length], home)
+                let moved = kernels::move_split(buffer(flat, &device), &[length], home)
                     .pop()
                     .expect("one piece");
                 let step = moved.sub(start.clone()).mul_scalar(*count as f64 / total);
