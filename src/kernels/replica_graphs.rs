@@ -457,17 +457,56 @@ fn uniform<B: ConcatBackend>(per_replica: &[Vec<WithGrad<B>>]) -> bool {
     })
 }
 
-/// Flat gradients of `members`, concatenated into one buffer.
+/// The taps that received a gradient, grouped by their target's device and the gradient's
+/// dtype: the gradients of one group can travel and be summed as one buffer.
+fn groups<B: ConcatBackend>(
+    taps: &[WithGrad<B>],
+) -> Vec<(B::Device, burn::tensor::DType, Vec<usize>)> {
+    let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
+    for (i, (target, grad)) in taps.iter().enumerate() {
+        let Some(grad) = grad else { continue };
+        let destination = B::float_device(&target.primitive);
+        let dtype = grad.dtype();
+        match groups
+            .iter_mut()
+            .find(|(d, t, _)| *d == destination && *t == dtype)
+        {
+            Some((_, _, members)) => members.push(i),
+            None => groups.push((destination, dtype, vec![i])),
+        }
+    }
+    groups
+}
+
+/// Flat gradients of `members` (a group of [`groups`]), concatenated into one buffer.
 fn flatten<B: ConcatBackend>(taps: &[WithGrad<B>], members: &[usize]) -> FloatTensor<B> {
     let flats = members
         .iter()
         .map(|&i| {
-            let grad = taps[i].1.clone().expect("uniform gradients");
+            let grad = taps[i].1.clone().expect("a member has a gradient");
             let count = grad.shape().num_elements();
             B::float_reshape(grad, [count].into())
         })
         .collect();
     B::float_concat(flats, 0)
+}
+
+/// Cuts a buffer laid out by [`flatten`] back into gradients of the members' shapes.
+fn unflatten<B: ConcatBackend>(
+    buffer: FloatTensor<B>,
+    taps: &[WithGrad<B>],
+    members: &[usize],
+) -> Vec<FloatTensor<B>> {
+    let shapes: Vec<_> = members
+        .iter()
+        .map(|&i| taps[i].1.as_ref().expect("a member has a gradient").shape())
+        .collect();
+    let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
+    B::float_split(buffer, &counts, 0)
+        .into_iter()
+        .zip(shapes)
+        .map(|(piece, shape)| B::float_reshape(piece, shape))
+        .collect()
 }
 
 /// Moves `buffer` to `destination`, counting the transfer in the profile.
@@ -499,20 +538,8 @@ fn reduce_coalesced<B: ConcatBackend>(
     sink: Option<&profile::Sink>,
 ) -> Vec<(Tracked<B>, FloatTensor<B>)> {
     let first = &per_replica[0];
-    let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
-    for (i, (target, grad)) in first.iter().enumerate() {
-        let destination = B::float_device(&target.primitive);
-        let dtype = grad.as_ref().expect("uniform gradients").dtype();
-        match groups
-            .iter_mut()
-            .find(|(d, t, _)| *d == destination && *t == dtype)
-        {
-            Some((_, _, members)) => members.push(i),
-            None => groups.push((destination, dtype, vec![i])),
-        }
-    }
     let mut totals = Vec::with_capacity(first.len());
-    for (destination, _, members) in groups {
+    for (destination, _, members) in groups(first) {
         // One partial sum per device, in replica order.
         let mut partial: Vec<(&B::Device, FloatTensor<B>)> = Vec::new();
         for (taps, &device) in per_replica.iter().zip(devices) {
@@ -534,17 +561,8 @@ fn reduce_coalesced<B: ConcatBackend>(
             });
         }
         let total = total.expect("one replica at least");
-        let shapes: Vec<_> = members
-            .iter()
-            .map(|&i| first[i].1.as_ref().expect("uniform gradients").shape())
-            .collect();
-        let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
-        for ((&i, piece), shape) in members
-            .iter()
-            .zip(B::float_split(total, &counts, 0))
-            .zip(shapes)
-        {
-            totals.push((first[i].0.clone(), B::float_reshape(piece, shape)));
+        for (&i, grad) in members.iter().zip(unflatten(total, first, &members)) {
+            totals.push((first[i].0.clone(), grad));
         }
     }
     totals
@@ -560,35 +578,17 @@ fn reduce_each<B: ConcatBackend>(
 ) -> Vec<(Tracked<B>, FloatTensor<B>)> {
     let mut totals: Vec<(Tracked<B>, FloatTensor<B>)> = Vec::new();
     for (taps, &device) in per_replica.into_iter().zip(devices) {
-        let mut groups: Vec<(B::Device, burn::tensor::DType, Vec<usize>)> = Vec::new();
-        let mut arrived: Vec<Option<FloatTensor<B>>> = Vec::with_capacity(taps.len());
-        for (i, (target, grad)) in taps.iter().enumerate() {
-            arrived.push(None);
-            let Some(grad) = grad else { continue };
-            let destination = B::float_device(&target.primitive);
+        let mut arrived: Vec<Option<FloatTensor<B>>> = (0..taps.len()).map(|_| None).collect();
+        for (destination, _, members) in groups(&taps) {
             if &destination == device {
-                arrived[i] = Some(grad.clone());
+                for &i in &members {
+                    arrived[i] = taps[i].1.clone();
+                }
                 continue;
             }
-            let dtype = grad.dtype();
-            match groups
-                .iter_mut()
-                .find(|(d, t, _)| *d == destination && *t == dtype)
-            {
-                Some((_, _, members)) => members.push(i),
-                None => groups.push((destination, dtype, vec![i])),
-            }
-        }
-        for (destination, _, members) in groups {
-            let shapes: Vec<_> = members
-                .iter()
-                .map(|&i| taps[i].1.as_ref().expect("grad").shape())
-                .collect();
-            let counts: Vec<usize> = shapes.iter().map(|s| s.num_elements()).collect();
             let moved = move_counted::<B>(flatten(&taps, &members), &destination, sink);
-            let pieces = B::float_split(moved, &counts, 0);
-            for ((&i, piece), shape) in members.iter().zip(pieces).zip(shapes) {
-                arrived[i] = Some(B::float_reshape(piece, shape));
+            for (&i, grad) in members.iter().zip(unflatten(moved, &taps, &members)) {
+                arrived[i] = Some(grad);
             }
         }
         for ((target, _), grad) in taps.into_iter().zip(arrived) {
