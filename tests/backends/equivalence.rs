@@ -61,27 +61,21 @@ fn batch_norm_training_matches_per_shard_reference<B: DataParallelBackend>(repli
         .with_running_states_per_device();
     let reference = BnNet::<B>::new(0.0, &device).load_record(dp.module().clone().into_record());
     let input = random::<B, 2>([7, 8], &device);
-    let shards = dp.shards(&input).unwrap();
-
-    let expected = Tensor::cat(
-        input
-            .clone()
-            .split_with_sizes(shards.sizes().to_vec(), 0)
-            .into_iter()
-            .map(|shard| reference.forward(shard))
-            .collect(),
-        0,
-    );
+    let expected = per_shard_reference(&dp, input.clone(), |x| reference.forward(x));
     let actual = dp.forward_with(input, |m, x| m.forward(x));
-    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
+    assert_output_and_grads_close(dp.module(), actual, &reference, expected);
+}
 
-    let weights = probe(&expected);
-    let expected_grads = (expected * weights.clone()).sum().backward();
-    let actual_grads = (actual * weights).sum().backward();
-    assert_grads_close(
-        &param_grads(dp.module(), &actual_grads),
-        &param_grads(&reference, &expected_grads),
-    );
+/// The reference for forwards that differ by shard: `forward` on each of the shards `dp`
+/// makes of `input`, one after the other, concatenated.
+fn per_shard_reference<B: DataParallelBackend, M: Module<B>>(
+    dp: &DataParallel<B, M>,
+    input: Tensor<B, 2>,
+    forward: impl Fn(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let sizes = dp.shards(&input).unwrap().sizes().to_vec();
+    let outputs = input.split_with_sizes(sizes, 0).into_iter().map(forward);
+    Tensor::cat(outputs.collect(), 0)
 }
 
 /// A batch laid out `[features, batch]`, split and gathered along dim 1.
@@ -363,22 +357,10 @@ fn shard_dependent_paths_match_bare<B: DataParallelBackend>(parallel_backward: b
         .unwrap();
     let bare = dp.module().clone();
     let input = random::<B, 2>([7, 8], &device);
-    let expected = Tensor::cat(
-        [0..3, 3..5, 5..7]
-            .into_iter()
-            .map(|rows| bare.forward(input.clone().slice([rows])))
-            .collect(),
-        0,
-    );
+    assert_eq!(dp.shards(&input).unwrap().sizes(), [3, 2, 2], "shard sizes");
+    let expected = per_shard_reference(&dp, input.clone(), |x| bare.forward(x));
     let actual = dp.forward_with(input, |m, x| m.forward(x));
-    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
-    let weights = probe(&expected);
-    let expected_grads = (expected * weights.clone()).sum().backward();
-    let actual_grads = (actual * weights).sum().backward();
-    assert_grads_close(
-        &param_grads(dp.module(), &actual_grads),
-        &param_grads(&bare, &expected_grads),
-    );
+    assert_output_and_grads_close(dp.module(), actual, &bare, expected);
 }
 
 backend_tests! {

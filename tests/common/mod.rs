@@ -348,13 +348,26 @@ pub fn assert_matches_bare<B, M, I, const D: usize>(
     let expected = forward(bare, input.clone());
     let actual = dp.forward_with(input, &forward);
     assert_eq!(actual.dims(), expected.dims(), "output shape");
-    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
+    assert_output_and_grads_close(dp.module(), actual, bare, expected);
+}
 
+/// Asserts that `actual` (an output of `module`) is close to `expected` (of `reference`), and
+/// that every parameter gradient of `sum(output * probe)` agrees between the two modules.
+pub fn assert_output_and_grads_close<B, M, const D: usize>(
+    module: &M,
+    actual: Tensor<B, D>,
+    reference: &M,
+    expected: Tensor<B, D>,
+) where
+    B: AutodiffBackend,
+    M: Module<B>,
+{
+    assert_close(&values(actual.clone()), &values(expected.clone()), "output");
     let weights = probe(&expected);
     let expected_grads = (expected * weights.clone()).sum().backward();
     let actual_grads = (actual * weights).sum().backward();
     assert_grads_close(
-        &param_grads(dp.module(), &actual_grads),
-        &param_grads(bare, &expected_grads),
+        &param_grads(module, &actual_grads),
+        &param_grads(reference, &expected_grads),
     );
 }
