@@ -449,13 +449,16 @@ fn run<B: DataParallelBackend>(
             dp.set_profiling(true);
         }
         let start = Instant::now();
+        if profiled {
+            marks.push(start);
+        }
         match dp.take() {
             None => {
                 let loss = loss_fn.forward(bare.forward(x.clone()), y.clone());
-                mark(profiled, &mut marks);
                 let used = profiled
                     .then(|| in_use_after::<B>(&device, memory))
                     .flatten();
+                mark(profiled, &mut marks);
                 let backward = loss.backward();
                 mark(profiled, &mut marks);
                 let grads = GradientsParams::from_grads(backward, &bare);
@@ -467,10 +470,10 @@ fn run<B: DataParallelBackend>(
                 let Mean(loss) = wrapped.forward_with((x.clone(), y.clone()), |m, (x, y)| {
                     Mean(loss_fn.forward(m.forward(x), y))
                 });
-                mark(profiled, &mut marks);
                 let used = profiled
                     .then(|| in_use_after::<B>(&device, memory))
                     .flatten();
+                mark(profiled, &mut marks);
                 let backward = loss.backward();
                 mark(profiled, &mut marks);
                 let grads = GradientsParams::from_grads(backward, &wrapped);
@@ -485,11 +488,9 @@ fn run<B: DataParallelBackend>(
         sync();
         if !profiled {
             times.push(start.elapsed());
-        } else {
-            marks.insert(0, start);
         }
     }
-    // The memory probe between the forward's mark and the backward is not part of a phase.
+    // The forward phase ends after the memory probe (a synchronisation and a query).
     let phases = (marks.len() == 4).then(|| {
         [
             marks[1] - marks[0],
