@@ -224,6 +224,41 @@ fn nested_structures_match_bare<B: DataParallelBackend>(replicas: usize) {
     );
 }
 
+/// Each step of `nested_structures`' element-wise chain on the shards (the linear output,
+/// scaled, masked, plus a scattered 1-D tensor), gathered on its own and compared in order, so
+/// that a failure names the first step that differs. Keeping the steps as outputs also stops
+/// a fusing backend from fusing the chain, which tells a fused kernel's fault from an op's.
+fn elementwise_chain_steps_match_bare<B: DataParallelBackend>(replicas: usize) {
+    let device = Default::default();
+    let model = Mlp::<B>::new(8, 16, 4, &device);
+    let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
+    let model = dp.module().clone();
+    let features = random::<B, 2>([7, 8], &device);
+    let mask = random::<B, 2>([7, 4], &device).greater_elem(0.0);
+    let extra = random::<B, 1>([7], &device);
+    let steps = |m: &Mlp<B>, (features, mask, extra): ChainInput<B>| {
+        let linear = m.forward(features);
+        let scaled = linear.clone().mul_scalar(0.5);
+        let masked = scaled.clone().mask_fill(mask, 0.0);
+        let shifted = masked.clone() + extra.unsqueeze_dim(1);
+        vec![linear, scaled, masked, shifted]
+    };
+    let input = (features, mask, extra);
+    let expected = steps(&model, input.clone());
+    let actual = dp.forward_with(input, steps);
+    let names = [
+        "linear output",
+        "scaled",
+        "masked",
+        "plus the scattered 1-D tensor",
+    ];
+    for ((name, a), e) in names.iter().zip(actual).zip(expected) {
+        assert_close(&values(a), &values(e), name);
+    }
+}
+
+type ChainInput<B> = (Tensor<B, 2>, Tensor<B, 2, burn::tensor::Bool>, Tensor<B, 1>);
+
 /// Integer and boolean tensors scatter and gather unchanged.
 fn int_and_bool_tensors_round_trip<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
@@ -391,6 +426,7 @@ backend_tests! {
     mean_loss_two_over_four => mean_loss_matches_bare(4, 2);
     sum_loss => sum_loss_matches_bare(3);
     nested_structures => nested_structures_match_bare(3);
+    elementwise_chain_steps => elementwise_chain_steps_match_bare(3);
     int_and_bool_round_trip => int_and_bool_tensors_round_trip(4);
     persistent_workers => replicas_run_on_persistent_workers(3);
     single_shard => single_shard_output_is_the_bare_output(4);
