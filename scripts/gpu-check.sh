@@ -2,7 +2,8 @@
 # CUDA checks of burn-dataparallel, built on a machine without a GPU, run on one with.
 #
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
-#                                        #       binaries into gpu-bundle/ (compressed)
+#                                        #       binaries into gpu-bundle/ (compressed;
+#                                        #       BUILD_BINARIES="backends train_step" for some)
 #   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|multi|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
@@ -34,11 +35,23 @@ build() {
     mkdir -p "$BUNDLE"
     local json
     json=$(mktemp)
-    cargo test --release --features cuda --test backends --test kernels --no-run \
-        --message-format=json >"$json"
-    cargo bench --features cuda --bench step_time --bench concat --bench train_step --no-run \
+    # BUILD_BINARIES="backends train_step" builds only those (default: all of BINARIES).
+    local wanted=${BUILD_BINARIES:-$BINARIES} bin tests=() benches=() examples=()
+    for bin in $wanted; do
+        case $bin in
+            backends | kernels) tests+=(--test "$bin") ;;
+            step_time | concat | train_step) benches+=(--bench "$bin") ;;
+            learner_cnn) examples+=(--example "$bin") ;;
+            *) echo "unknown binary $bin" >&2 && exit 2 ;;
+        esac
+    done
+    : >"$json"
+    [ ${#tests[@]} -eq 0 ] || cargo test --release --features cuda "${tests[@]}" --no-run \
         --message-format=json >>"$json"
-    cargo build --release --features cuda --example learner_cnn --message-format=json >>"$json"
+    [ ${#benches[@]} -eq 0 ] || cargo bench --features cuda "${benches[@]}" --no-run \
+        --message-format=json >>"$json"
+    [ ${#examples[@]} -eq 0 ] || cargo build --release --features cuda "${examples[@]}" \
+        --message-format=json >>"$json"
     python3 - "$json" "$BUNDLE" <<'PY'
 import json, shutil, sys
 out = sys.argv[2]
@@ -52,7 +65,7 @@ for line in open(sys.argv[1]):
         print(f"{out}/{name}")
 PY
     rm -f "$json"
-    for bin in $BINARIES; do
+    for bin in $wanted; do
         strip "$BUNDLE/$bin"
         xz -T0 -6 -f "$BUNDLE/$bin"
     done
