@@ -28,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
-BINARIES="backends kernels step_time concat learner_cnn train_step"
+BINARIES="backends kernels step_time concat learner_cnn train_step autodiff_threads"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -40,7 +40,7 @@ build() {
     for bin in $wanted; do
         case $bin in
             backends | kernels) tests+=(--test "$bin") ;;
-            step_time | concat | train_step) benches+=(--bench "$bin") ;;
+            step_time | concat | train_step | autodiff_threads) benches+=(--bench "$bin") ;;
             learner_cnn) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
         esac
@@ -233,6 +233,8 @@ run() {
             step tests-multi-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         DATAPARALLEL_TEST_DEVICES=distinct \
             step tests-multi-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
+        # Host cost of Burn's autodiff on one thread per GPU against one thread (CPU only).
+        step bench-autodiff-threads 120 ./autodiff_threads "$gpus"
         # shellcheck disable=SC2086 # MODELS_ARGS is a list of names
         step bench-scaling-torch "${TORCH_LIMIT:-$bench_limit}" python3 \
             "$(pwd)/benches/torch_models.py" --scaling "$gpus" "$logs/torch_scaling.csv" \
@@ -267,6 +269,7 @@ run() {
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
+    [ -f "$logs/bench-autodiff-threads.log" ] && { grep -E '^(\||median)' "$logs/bench-autodiff-threads.log" || true; }
     for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models \
         bench-scaling-torch bench-scaling; do
         [ -f "$logs/$name.log" ] && grep -E '^\|' "$logs/$name.log"
