@@ -20,7 +20,10 @@
 //! running states on several GPUs (`benches/RESULTS.md`).
 //!
 //! Repeating a configuration in `TRAIN_STEP_REPLICAS` (e.g. `0,1,0,1`) measures it again in the
-//! same process, which shows how much rows vary.
+//! same process, which shows how much rows vary. `TRAIN_STEP_INTERLEAVE=1` runs a step of the
+//! bare model beside every step of the wrapper and compares the two ("bare (interleaved)"
+//! rows): the measure for small overheads such as one replica's, which drift between
+//! configurations run one after the other would hide.
 //!
 //! On several GPUs: `TRAIN_STEP_DISTINCT=1` puts replica `i` on device `i` modulo the device
 //! count, and `TRAIN_STEP_SCALE_BATCH=1` multiplies the batch by the replica count, so that
@@ -396,6 +399,11 @@ fn in_use_after<B: Backend>(device: &B::Device, memory: MemoryProbe) -> Option<u
 /// one untimed step that records the stage profile and the device memory in use after the
 /// forward (activations and parameters; the peak of the step is at that point or in the
 /// backward).
+///
+/// With `interleave` (and replicas), a step of the bare model runs beside every step of the
+/// wrapper, before it on even steps and after it on odd ones, and its times come back as a
+/// second row: both rows then see the same machine state, so their ratio does not move with
+/// the drift between configurations run one after the other.
 #[allow(clippy::too_many_arguments)]
 fn run<B: DataParallelBackend>(
     backend: &str,
@@ -405,7 +413,8 @@ fn run<B: DataParallelBackend>(
     replicas: usize,
     steps: (usize, usize),
     memory: MemoryProbe,
-) -> Row {
+    interleave: bool,
+) -> (Row, Option<Row>) {
     let device = B::Device::default();
     let devices = replica_devices::<B>(replicas.max(1));
     let batch = match std::env::var("TRAIN_STEP_SCALE_BATCH").as_deref() {
@@ -441,10 +450,25 @@ fn run<B: DataParallelBackend>(
     };
     let (warm_up, timed) = steps;
     let mut times = Vec::new();
+    let mut bare_times = Vec::new();
+    let interleave = interleave && dp.is_some();
     let mut peak = None::<u64>;
     let mut profile = None;
+    // One step of the bare model beside the wrapper's, timed on its own.
+    let bare_step = |bare: Model<B>, optim: &mut _, times: &mut Vec<Duration>| {
+        let start = Instant::now();
+        let loss = loss_fn.forward(bare.forward(x.clone()), y.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &bare);
+        let bare = Optimizer::step(optim, 0.01, bare, grads);
+        sync();
+        times.push(start.elapsed());
+        bare
+    };
     for i in 0..warm_up + timed + 2 {
         let profiled = i == warm_up + timed + 1;
+        if interleave && !profiled && i % 2 == 0 {
+            bare = bare_step(bare, &mut optim, &mut bare_times);
+        }
         if let (true, Some(dp)) = (profiled, &dp) {
             dp.set_profiling(true);
         }
@@ -489,6 +513,9 @@ fn run<B: DataParallelBackend>(
         if !profiled {
             times.push(start.elapsed());
         }
+        if interleave && !profiled && i % 2 == 1 {
+            bare = bare_step(bare, &mut optim, &mut bare_times);
+        }
     }
     // The forward phase ends after the memory probe (a synchronisation and a query).
     let phases = (marks.len() == 4).then(|| {
@@ -498,7 +525,18 @@ fn run<B: DataParallelBackend>(
             marks[3] - marks[2],
         ]
     });
-    Row {
+    let interleaved = interleave.then(|| Row {
+        backend: backend.to_string(),
+        model: model.to_string(),
+        batch,
+        config: "bare (interleaved)".to_string(),
+        first: bare_times[0],
+        median: median(bare_times[1 + warm_up..].to_vec()),
+        memory: None,
+        profile: None,
+        phases: None,
+    });
+    let row = Row {
         backend: backend.to_string(),
         model: model.to_string(),
         batch,
@@ -522,7 +560,8 @@ fn run<B: DataParallelBackend>(
         memory: peak,
         profile,
         phases,
-    }
+    };
+    (row, interleaved)
 }
 
 /// Every model, batch size and configuration on one backend.
@@ -536,6 +575,7 @@ fn bench_backend<B: DataParallelBackend>(
 ) {
     let batch_filter = list_from_env("TRAIN_STEP_BATCHES");
     let replica_counts = list_from_env("TRAIN_STEP_REPLICAS").unwrap_or_else(|| vec![0, 1, 2, 4]);
+    let interleave = std::env::var("TRAIN_STEP_INTERLEAVE").as_deref() == Ok("1");
     for (model, batch_sizes) in batches {
         for &batch in batch_sizes {
             if batch_filter
@@ -546,7 +586,15 @@ fn bench_backend<B: DataParallelBackend>(
             }
             let mut bare = None;
             for &replicas in &replica_counts {
-                let row = run::<B>(backend, model, sizes, batch, replicas, steps, memory);
+                let (row, interleaved) = run::<B>(
+                    backend, model, sizes, batch, replicas, steps, memory, interleave,
+                );
+                if let Some(interleaved) = interleaved {
+                    // The wrapper's row is compared with the bare steps beside it.
+                    print_row(&interleaved, None);
+                    bare = Some(interleaved.samples_per_s());
+                    rows.push(interleaved);
+                }
                 if replicas == 0 {
                     bare = Some(row.samples_per_s());
                 }
