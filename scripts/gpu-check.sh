@@ -272,7 +272,7 @@ run() {
     [ -f "$logs/bench-autodiff-threads.log" ] && { grep -E '^(\||median)' "$logs/bench-autodiff-threads.log" || true; }
     for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models \
         bench-scaling-torch bench-scaling; do
-        [ -f "$logs/$name.log" ] && grep -E '^\|' "$logs/$name.log"
+        [ -f "$logs/$name.log" ] && { grep -E '^\|' "$logs/$name.log" || true; }
     done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
     echo
