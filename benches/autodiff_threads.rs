@@ -56,10 +56,6 @@ impl<B: Backend> Deep<B> {
 fn per_thread(threads: usize, steps: usize, autodiff: bool) -> Vec<(f64, f64)> {
     let device = FlexDevice;
     let barrier = Barrier::new(threads);
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2] * 1e6
-    };
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -85,12 +81,18 @@ fn per_thread(threads: usize, steps: usize, autodiff: bool) -> Vec<(f64, f64)> {
                             backwards.push(0.0);
                         }
                     }
-                    (median(forwards), median(backwards))
+                    (median(forwards) * 1e6, median(backwards) * 1e6)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// The middle value of `values` (the upper one of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn main() {
@@ -126,15 +128,9 @@ fn main() {
         }
         println!("{line}");
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let [forward, backward, plain] = ratios.map(median);
     println!(
-        "median ratio, slowest of {many} threads against one: autodiff forward {:.2}x, \
-         autodiff backward {:.2}x, plain forward {:.2}x",
-        median(&mut ratios[0]),
-        median(&mut ratios[1]),
-        median(&mut ratios[2]),
+        "median ratio, slowest of {many} threads against one: autodiff forward {forward:.2}x, \
+         autodiff backward {backward:.2}x, plain forward {plain:.2}x"
     );
 }

@@ -269,10 +269,9 @@ run() {
         grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
-    [ -f "$logs/bench-autodiff-threads.log" ] && { grep -E '^(\||median)' "$logs/bench-autodiff-threads.log" || true; }
-    for name in step-time bench-concat bench-concat-torch bench-models-torch bench-models \
-        bench-scaling-torch bench-scaling; do
-        [ -f "$logs/$name.log" ] && { grep -E '^\|' "$logs/$name.log" || true; }
+    for name in bench-autodiff-threads step-time bench-concat bench-concat-torch \
+        bench-models-torch bench-models bench-scaling-torch bench-scaling; do
+        [ -f "$logs/$name.log" ] && { grep -E '^(\||median ratio)' "$logs/$name.log" || true; }
     done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
     echo
