@@ -88,11 +88,14 @@ TOML
 # into the call, "carried-autotune" from a copy of their autotune cache only (so the kept
 # compilation cache after it holds this model's kernels alone), and "kept-nojit" reruns on
 # the caches left with the CUDA driver's own cache of compiled PTX off (CUDA_CACHE_DISABLE=1).
-# COLD_GPUS=N (N > 1) runs N configurations at once, each alone on its own GPU
-# (CUDA_VISIBLE_DEVICES), so that e.g. the bare model and four replicas start fresh side by
-# side within one call's limit; rows keep the order of COLD_CONFIGS.
+# COLD_GPUS=N (N > 1) runs N configurations at once, configuration k on GPU k modulo the
+# machine's GPUs (CUDA_VISIBLE_DEVICES), so that e.g. the bare model and four replicas start
+# fresh side by side within one call's limit; rows keep the order of COLD_CONFIGS. Each
+# configuration keeps the CUDA driver's cache of compiled PTX in its own folder
+# (CUDA_CACHE_PATH), so "fresh" starts without it whatever ran before in the call.
 cold_start() {
-    local logs=$1 gpus=${COLD_GPUS:-1}
+    local logs=$1 gpus=${COLD_GPUS:-1} devices
+    devices=$(nvidia-smi -L | wc -l)
     local configs=${COLD_CONFIGS:-"fusion mlp 0 256;fusion mlp 1 256;fusion mlp 2 512;fusion mlp 4 1024;cube mlp 0 256;cube mlp 2 512"}
     local out="$logs/cold.md"
     echo "| cache | model | configuration | batch | warm-up | first step done | steps 2 / 3 / 4 | steady from start | steady step | kernels compiled | autotune entries |" >"$out"
@@ -104,7 +107,7 @@ cold_start() {
         local dir="$BUNDLE/cold/$k-$backend-$model-$replicas"
         dirs+=("$dir")
         if [ "$gpus" -gt 1 ]; then
-            CUDA_VISIBLE_DEVICES=$((k % gpus)) cold_config "$logs" "$dir" "$config" &
+            CUDA_VISIBLE_DEVICES=$((k % devices)) cold_config "$logs" "$dir" "$config" &
             # A wave is full: wait for it before the next one.
             [ $(((k + 1) % gpus)) -eq 0 ] && wait
         else
@@ -114,6 +117,10 @@ cold_start() {
     done
     wait
     for dir in "${dirs[@]}"; do cat "$dir/rows.md" >>"$out"; done
+    # The shapes each configuration tuned last, one line per entry: file and key.
+    for dir in "${dirs[@]}"; do
+        (cd "$dir" && grep -r . autotune 2>/dev/null | sed "s#^#${dir##*/} #") || true
+    done >"$logs/cold-autotune.txt"
     cat "$out"
 }
 
@@ -128,7 +135,7 @@ cold_config() {
     : >"$dir/rows.md"
     local cache
     for cache in $caches; do
-        [ "$cache" = autotune-only ] && rm -rf "$dir/cuda"
+        [ "$cache" = autotune-only ] && rm -rf "$dir/cuda" "$dir/nv"
         if [ "$cache" = carried ] || [ "$cache" = carried-autotune ]; then
             rm -rf "$dir"/{cuda,autotune}
             cp -r "$BUNDLE/work/autotune" "$dir/" 2>/dev/null || true
@@ -136,7 +143,7 @@ cold_config() {
         fi
         local line nojit=0
         [ "$cache" = kept-nojit ] && nojit=1
-        line=$(cd "$dir" && CUDA_CACHE_DISABLE=$nojit timeout -k 10 "$limit" \
+        line=$(cd "$dir" && CUDA_CACHE_PATH="$(pwd)/nv" CUDA_CACHE_DISABLE=$nojit timeout -k 10 "$limit" \
             "../../work/train_step" cold "$backend" \
             "$model" "$replicas" "$batch" 2>>"$logs/cold.err" | grep '^cold' ||
             echo "cold | $model | $replicas replicas | $batch | timed out or failed |||||")
