@@ -412,6 +412,25 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         };
         let inputs =
             profile::stage::<B, _>(sink, Stage::Scatter, involved, || input.scatter(&shards));
+        if shards.len() == 1 && devices[0] == self.output_device {
+            // One replica on the module's own device: the module itself runs on the calling
+            // thread, as the bare model would; nothing to copy, tap or fold.
+            let result = inputs
+                .into_iter()
+                .next()
+                .map(|input| run(&self.module, (0, input), &forward))
+                .expect("one shard, one input");
+            if self.workers.is_some() {
+                // A later forward over several shards reads the statistics on worker threads.
+                self.sync_running_states();
+            }
+            let output = result.map_err(|failure| {
+                failure.into_error(shards.replicas()[0], format!("{:?}", devices[0]))
+            })?;
+            return profile::stage::<B, _>(sink, Stage::Gather, involved, || {
+                O::gather(vec![output], &shards)
+            });
+        }
         let inputs = inputs.into_iter().enumerate();
         let mut replicated = profile::stage::<B, _>(sink, Stage::Replicate, involved, || {
             replicate_for_forward(

@@ -44,7 +44,8 @@ use burn::tensor::backend::Backend;
 pub struct StepProfile {
     /// Splitting the input and moving the shards to their devices.
     pub scatter: Duration,
-    /// Making the replicas, including the parameter broadcast to other devices.
+    /// Making the replicas, including the parameter broadcast to other devices (zero for a
+    /// forward with one shard on the module's device, which runs the module itself).
     pub replicate: Duration,
     /// Each replica's forward, by shard.
     pub forward: Vec<Duration>,

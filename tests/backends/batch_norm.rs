@@ -43,9 +43,10 @@ fn statistics<B: DataParallelBackend>(model: &BnNet<B>) -> (Vec<f32>, Vec<f32>) 
     )
 }
 
-/// Three steps with 3, then 2, then 3 shards: each ends with the average of the shards'
-/// updates of the previous statistics, whichever replicas took part before; the same with
-/// statistics per device (on one device: the same path).
+/// Four steps with 3, 1 (the module itself, on the calling thread), 2, then 3 shards: each
+/// ends with the average of the shards' updates of the previous statistics, whichever
+/// replicas took part before; the same with statistics per device (on one device: the same
+/// path).
 fn running_statistics_average_the_shards<B: DataParallelBackend>() {
     for per_device in [false, true] {
         running_statistics_average::<B>(per_device);
@@ -59,7 +60,7 @@ fn running_statistics_average<B: DataParallelBackend>(per_device: bool) {
         true => dp.with_running_states_per_device(),
         false => dp,
     };
-    for batch in [7, 2, 9] {
+    for batch in [7, 1, 2, 9] {
         let input = random::<B, 2>([batch, 8], &device);
         let shards = dp.shards(&input).unwrap();
         let elsewhere = shards.devices().iter().any(|d| d != dp.output_device());

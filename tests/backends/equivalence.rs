@@ -295,7 +295,8 @@ fn replicas_run_on_persistent_workers<B: DataParallelBackend>(replicas: usize) {
     assert_eq!(threads(&dp), first, "same threads at the next forward");
 }
 
-/// Gathering a single shard returns it as it is.
+/// Gathering a single shard returns it as it is; a single shard on the module's device runs
+/// on the calling thread.
 fn single_shard_output_is_the_bare_output<B: DataParallelBackend>(replicas: usize) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
@@ -304,7 +305,15 @@ fn single_shard_output_is_the_bare_output<B: DataParallelBackend>(replicas: usiz
     let input = random::<B, 2>([1, 8], &device);
     let shards = dp.shards(&input).unwrap();
     assert_eq!(shards.sizes(), &[1]);
-    let output = dp.forward_with(input.clone(), |m, x| m.forward(x));
+    let caller = std::thread::current().id();
+    let output = dp.forward_with(input.clone(), |m, x| {
+        assert_eq!(
+            std::thread::current().id(),
+            caller,
+            "runs on the calling thread"
+        );
+        m.forward(x)
+    });
     assert_eq!(output.into_data(), model.forward(input).into_data());
     let parts = Gather::gather(vec![Tensor::<B, 1>::ones([3], &device)], &shards).unwrap();
     assert_eq!(values(parts), vec![1.0; 3]);
