@@ -28,6 +28,9 @@
 //!   Burn's per-thread state (batch-norm running statistics, CubeCL streams) stays bounded and
 //!   correct. A panic or error in a replica comes back as a [`DataParallelError`] naming the
 //!   replica and its device.
+//! - A forward with one shard on the module's own device (one device, or a batch of one)
+//!   skips `replicate` and the workers: the module runs on the calling thread as the bare
+//!   model would.
 //! - Under `Autodiff`, each replica's backward also runs on its worker, all at the same time
 //!   ([`DataParallelConfig::parallel_backward`], on by default): every replica's forward
 //!   starts from its own leaves (its copy of the parameters, its input shard) in an autodiff
@@ -134,7 +137,12 @@
 //!
 //! Replicas of equal shard size share compiled kernels: even shards differ by at most one
 //! item, so a batch gives at most two shard shapes, and a batch size divisible by the device
-//! count gives one. The replicas compile at the same time on their worker threads.
+//! count gives one. The replicas compile at the same time on their worker threads. On a
+//! fresh cache and one H200, the wrapper's first step took 0.96–1.02x the bare model's with
+//! one, two and four replicas on `CubeBackend`, and 0.89–0.99x with one and two under
+//! `Fusion`; four under `Fusion` took 1.22x: Fusion fuses Burn's summing of the replicas'
+//! gradients into the weight-gradient matmuls, kernels the bare model does not have, and
+//! tunes them once.
 //!
 //! CubeCL keeps two caches, configured by a `cubecl.toml` (or a `[cubecl]` section of
 //! `burn.toml`) found in the working directory or a parent:
