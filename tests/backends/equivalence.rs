@@ -257,6 +257,34 @@ fn elementwise_chain_steps_match_bare<B: DataParallelBackend>(replicas: usize) {
     }
 }
 
+/// The model on each piece of a split batch gives that piece's rows of its output on the
+/// whole batch, with no wrapper: on the calling thread, or each piece on a thread of its own
+/// (as replicas run). Tells a backend's fault on the split's views from one of the wrapper's.
+fn split_pieces_match_rows<B: DataParallelBackend>(threads: bool) {
+    let device = Default::default();
+    let model = Mlp::<B>::new(8, 16, 4, &device);
+    let input = random::<B, 2>([7, 8], &device);
+    let whole = model.forward(input.clone());
+    let pieces = burn_dataparallel::kernels::split(input, &[3, 2, 2], 0);
+    let outputs: Vec<Tensor<B, 2>> = match threads {
+        false => pieces.into_iter().map(|x| model.forward(x)).collect(),
+        true => std::thread::scope(|scope| {
+            let handles: Vec<_> = pieces
+                .into_iter()
+                .map(|x| scope.spawn(|| model.forward(x)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        }),
+    };
+    let mut start = 0;
+    for (i, output) in outputs.into_iter().enumerate() {
+        let rows = output.dims()[0];
+        let expected = whole.clone().slice(start..start + rows);
+        assert_close(&values(output), &values(expected), &format!("piece {i}"));
+        start += rows;
+    }
+}
+
 type ChainInput<B> = (Tensor<B, 2>, Tensor<B, 2, burn::tensor::Bool>, Tensor<B, 1>);
 
 /// Integer and boolean tensors scatter and gather unchanged.
@@ -436,6 +464,8 @@ backend_tests! {
     sum_loss => sum_loss_matches_bare(3);
     nested_structures => nested_structures_match_bare(3);
     elementwise_chain_steps => elementwise_chain_steps_match_bare(3);
+    split_pieces => split_pieces_match_rows(false);
+    split_pieces_on_threads => split_pieces_match_rows(true);
     int_and_bool_round_trip => int_and_bool_tensors_round_trip(4);
     persistent_workers => replicas_run_on_persistent_workers(3);
     single_shard => single_shard_output_is_the_bare_output(4);
