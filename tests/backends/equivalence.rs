@@ -259,28 +259,41 @@ fn elementwise_chain_steps_match_bare<B: DataParallelBackend>(replicas: usize) {
 
 /// The model on each piece of a split batch gives that piece's rows of its output on the
 /// whole batch, with no wrapper: on the calling thread, or each piece on a thread of its own
-/// (as replicas run). Tells a backend's fault on the split's views from one of the wrapper's.
+/// (as replicas run). Each piece's output is read beside an element-wise step on it (as in
+/// `elementwise_chain_steps`), so that a backend which fuses the two writes the output as an
+/// intermediate. Tells a backend's fault on the split's views from one of the wrapper's.
 fn split_pieces_match_rows<B: DataParallelBackend>(threads: bool) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
     let input = random::<B, 2>([7, 8], &device);
-    let whole = model.forward(input.clone());
+    let steps = |x: Tensor<B, 2>| {
+        let output = model.forward(x);
+        let scaled = output.clone().mul_scalar(0.5);
+        [output, scaled]
+    };
+    let whole = steps(input.clone());
     let pieces = burn_dataparallel::kernels::split(input, &[3, 2, 2], 0);
-    let outputs: Vec<Tensor<B, 2>> = match threads {
-        false => pieces.into_iter().map(|x| model.forward(x)).collect(),
+    let outputs: Vec<[Tensor<B, 2>; 2]> = match threads {
+        false => pieces.into_iter().map(steps).collect(),
         true => std::thread::scope(|scope| {
             let handles: Vec<_> = pieces
                 .into_iter()
-                .map(|x| scope.spawn(|| model.forward(x)))
+                .map(|x| scope.spawn(|| steps(x)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         }),
     };
     let mut start = 0;
-    for (i, output) in outputs.into_iter().enumerate() {
-        let rows = output.dims()[0];
-        let expected = whole.clone().slice(start..start + rows);
-        assert_close(&values(output), &values(expected), &format!("piece {i}"));
+    for (i, piece) in outputs.into_iter().enumerate() {
+        let rows = piece[0].dims()[0];
+        for ((name, actual), expected) in ["output", "scaled"].iter().zip(piece).zip(&whole) {
+            let expected = expected.clone().slice(start..start + rows);
+            assert_close(
+                &values(actual),
+                &values(expected),
+                &format!("piece {i} {name}"),
+            );
+        }
         start += rows;
     }
 }
