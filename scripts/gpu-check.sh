@@ -93,9 +93,8 @@ TOML
 # fresh side by side within one call's limit; rows keep the order of COLD_CONFIGS. Each
 # configuration keeps the CUDA driver's cache of compiled PTX in its own folder
 # (CUDA_CACHE_PATH), so "fresh" starts without it whatever ran before in the call.
-cold_start() {
-    local logs=$1 gpus=${COLD_GPUS:-1} devices
-    devices=$(nvidia-smi -L | wc -l)
+cold_start() { # LOG_DIR, the machine's GPU count
+    local logs=$1 devices=$2 at_once=${COLD_GPUS:-1}
     local configs=${COLD_CONFIGS:-"fusion mlp 0 256;fusion mlp 1 256;fusion mlp 2 512;fusion mlp 4 1024;cube mlp 0 256;cube mlp 2 512"}
     local out="$logs/cold.md"
     echo "| cache | model | configuration | batch | warm-up | first step done | steps 2 / 3 / 4 | steady from start | steady step | kernels compiled | autotune entries |" >"$out"
@@ -106,10 +105,10 @@ cold_start() {
         read -r backend model replicas batch <<<"$config"
         local dir="$BUNDLE/cold/$k-$backend-$model-$replicas"
         dirs+=("$dir")
-        if [ "$gpus" -gt 1 ]; then
+        if [ "$at_once" -gt 1 ]; then
             CUDA_VISIBLE_DEVICES=$((k % devices)) cold_config "$logs" "$dir" "$config" &
             # A wave is full: wait for it before the next one.
-            [ $(((k + 1) % gpus)) -eq 0 ] && wait
+            [ $(((k + 1) % at_once)) -eq 0 ] && wait
         else
             cold_config "$logs" "$dir" "$config"
         fi
@@ -143,8 +142,8 @@ cold_config() {
         fi
         local line nojit=0
         [ "$cache" = kept-nojit ] && nojit=1
-        line=$(cd "$dir" && CUDA_CACHE_PATH="$(pwd)/nv" CUDA_CACHE_DISABLE=$nojit timeout -k 10 "$limit" \
-            "../../work/train_step" cold "$backend" \
+        line=$(cd "$dir" && CUDA_CACHE_PATH="$(pwd)/nv" CUDA_CACHE_DISABLE=$nojit \
+            timeout -k 10 "$limit" "../../work/train_step" cold "$backend" \
             "$model" "$replicas" "$batch" 2>>"$logs/cold.err" | grep '^cold' ||
             echo "cold | $model | $replicas replicas | $batch | timed out or failed |||||")
         local kernels=0 tuned=0
@@ -253,7 +252,7 @@ run() {
             step bench-scaling "$bench_limit" ./train_step ${MODELS_ARGS:-fusion}
     fi
     if [ "$what" = cold ]; then
-        cold_start "$logs"
+        cold_start "$logs" "$gpus"
     fi
     if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
