@@ -415,11 +415,8 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         if shards.len() == 1 && devices[0] == self.output_device {
             // One replica on the module's own device: the module itself runs on the calling
             // thread, as the bare model would; nothing to copy, tap or fold.
-            let result = inputs
-                .into_iter()
-                .next()
-                .map(|input| run(&self.module, (0, input), &forward))
-                .expect("one shard, one input");
+            let input = inputs.into_iter().next().expect("one shard, one input");
+            let result = run(&self.module, (0, input), &forward);
             if self.workers.is_some() {
                 // A later forward over several shards reads the statistics on worker threads.
                 self.sync_running_states();
