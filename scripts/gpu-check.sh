@@ -28,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
-BINARIES="backends kernels step_time concat learner_cnn train_step autodiff_threads"
+BINARIES="backends half_precision kernels step_time concat learner_cnn train_step autodiff_threads"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -39,7 +39,7 @@ build() {
     local wanted=${BUILD_BINARIES:-$BINARIES} bin tests=() benches=() examples=()
     for bin in $wanted; do
         case $bin in
-            backends | kernels) tests+=(--test "$bin") ;;
+            backends | half_precision | kernels) tests+=(--test "$bin") ;;
             step_time | concat | train_step | autodiff_threads) benches+=(--bench "$bin") ;;
             learner_cnn) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
@@ -215,7 +215,11 @@ run() {
         step tests-cuda-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
         step tests-cuda-half "$tests_limit" ./backends --test-threads=1 cuda_half::
+        step tests-cuda-cube-half "$tests_limit" ./backends --test-threads=1 cuda_cube_half::
         step tests-cuda-faults "$tests_limit" ./backends --test-threads=1 --nocapture cuda_faults::
+        # Burn's own f16 backends against f32, no wrapper; Fusion's known fault included.
+        step tests-cuda-half-backends "$tests_limit" ./half_precision --test-threads=1 \
+            --include-ignored --nocapture
     fi
     if [ "$what" = kernels ] || [ "$what" = all ]; then
         step tests-kernels-cuda "$tests_limit" ./kernels --test-threads=1 cuda
@@ -268,7 +272,8 @@ run() {
         ls -l "$logs"/aa-cubecl-cache.tgz.*
     fi
     echo
-    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-half tests-cuda-faults \
+    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-half tests-cuda-cube-half \
+        tests-cuda-faults tests-cuda-half-backends \
         tests-kernels-cuda tests-multi-fusion tests-multi-cube; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"

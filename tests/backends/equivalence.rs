@@ -257,41 +257,86 @@ fn elementwise_chain_steps_match_bare<B: DataParallelBackend>(replicas: usize) {
     }
 }
 
-/// The model on each piece of a split batch gives that piece's rows of its output on the
+/// How [`chain_pieces_match_rows`] cuts the batch into pieces.
+#[derive(Debug, Clone, Copy)]
+enum Pieces {
+    /// This crate's split kernel (views of one buffer, or of the input), as scatter cuts.
+    Split,
+    /// Each piece uploaded on its own from the host: fresh buffers, no split at all.
+    Host,
+}
+
+/// The element-wise chain of `elementwise_chain_steps` on pieces [3, 2, 2] of a 7-row batch
+/// (features, mask and a 1-D tensor cut alike) gives each piece's rows of the chain on the
 /// whole batch, with no wrapper: on the calling thread, or each piece on a thread of its own
-/// (as replicas run). Each piece's output is read beside an element-wise step on it (as in
-/// `elementwise_chain_steps`), so that a backend which fuses the two writes the output as an
-/// intermediate. Tells a backend's fault on the split's views from one of the wrapper's.
-fn split_pieces_match_rows<B: DataParallelBackend>(threads: bool) {
+/// (as replicas run). Tells a backend's fault, or one of the split's views, from one of the
+/// wrapper's.
+fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool) {
     let device = Default::default();
     let model = Mlp::<B>::new(8, 16, 4, &device);
-    let input = random::<B, 2>([7, 8], &device);
-    let steps = |x: Tensor<B, 2>| {
-        let output = model.forward(x);
-        let scaled = output.clone().mul_scalar(0.5);
-        [output, scaled]
+    let features = random::<B, 2>([7, 8], &device);
+    let mask = random::<B, 2>([7, 4], &device).greater_elem(0.0);
+    let extra = random::<B, 1>([7], &device);
+    let steps = |(features, mask, extra): ChainInput<B>| {
+        let linear = model.forward(features);
+        let scaled = linear.clone().mul_scalar(0.5);
+        let masked = scaled.clone().mask_fill(mask, 0.0);
+        let shifted = masked.clone() + extra.unsqueeze_dim(1);
+        [linear, scaled, masked, shifted]
     };
-    let whole = steps(input.clone());
-    let pieces = burn_dataparallel::kernels::split(input, &[3, 2, 2], 0);
-    let outputs: Vec<[Tensor<B, 2>; 2]> = match threads {
-        false => pieces.into_iter().map(steps).collect(),
+    let sizes = [3, 2, 2];
+    let inputs: Vec<ChainInput<B>> = match pieces {
+        Pieces::Split => {
+            let features = burn_dataparallel::kernels::split(features.clone(), &sizes, 0);
+            let mask = burn_dataparallel::kernels::split(mask.clone(), &sizes, 0);
+            let extra = burn_dataparallel::kernels::split(extra.clone(), &sizes, 0);
+            let rest = mask.into_iter().zip(extra);
+            features
+                .into_iter()
+                .zip(rest)
+                .map(|(f, (m, e))| (f, m, e))
+                .collect()
+        }
+        Pieces::Host => {
+            let mut start = 0;
+            sizes
+                .iter()
+                .map(|&rows| {
+                    let range = start..start + rows;
+                    start += rows;
+                    (
+                        Tensor::from_data(
+                            features.clone().slice(range.clone()).into_data(),
+                            &device,
+                        ),
+                        Tensor::from_data(mask.clone().slice(range.clone()).into_data(), &device),
+                        Tensor::from_data(extra.clone().slice(range).into_data(), &device),
+                    )
+                })
+                .collect()
+        }
+    };
+    let whole = steps((features, mask, extra));
+    let outputs: Vec<[Tensor<B, 2>; 4]> = match threads {
+        false => inputs.into_iter().map(steps).collect(),
         true => std::thread::scope(|scope| {
-            let handles: Vec<_> = pieces
+            let handles: Vec<_> = inputs
                 .into_iter()
                 .map(|x| scope.spawn(|| steps(x)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         }),
     };
+    let names = ["linear output", "scaled", "masked", "shifted"];
     let mut start = 0;
     for (i, piece) in outputs.into_iter().enumerate() {
         let rows = piece[0].dims()[0];
-        for ((name, actual), expected) in ["output", "scaled"].iter().zip(piece).zip(&whole) {
+        for ((name, actual), expected) in names.iter().zip(piece).zip(&whole) {
             let expected = expected.clone().slice(start..start + rows);
             assert_close(
                 &values(actual),
                 &values(expected),
-                &format!("piece {i} {name}"),
+                &format!("{pieces:?} piece {i}: {name}"),
             );
         }
         start += rows;
@@ -477,8 +522,10 @@ backend_tests! {
     sum_loss => sum_loss_matches_bare(3);
     nested_structures => nested_structures_match_bare(3);
     elementwise_chain_steps => elementwise_chain_steps_match_bare(3);
-    split_pieces => split_pieces_match_rows(false);
-    split_pieces_on_threads => split_pieces_match_rows(true);
+    split_pieces => chain_pieces_match_rows(Pieces::Split, false);
+    split_pieces_on_threads => chain_pieces_match_rows(Pieces::Split, true);
+    host_pieces => chain_pieces_match_rows(Pieces::Host, false);
+    host_pieces_on_threads => chain_pieces_match_rows(Pieces::Host, true);
     int_and_bool_round_trip => int_and_bool_tensors_round_trip(4);
     persistent_workers => replicas_run_on_persistent_workers(3);
     single_shard => single_shard_output_is_the_bare_output(4);

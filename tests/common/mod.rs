@@ -26,16 +26,22 @@ pub type CudaAd = burn::backend::Autodiff<burn::backend::Cuda>;
 #[cfg(feature = "cuda")]
 pub type CudaHalfAd = burn::backend::Autodiff<burn::backend::Cuda<burn::tensor::f16>>;
 
+/// CubeCL's CUDA backend without fusion, in half precision.
+#[cfg(feature = "cuda")]
+pub type CubeHalfAd = burn::backend::Autodiff<
+    burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, burn::tensor::f16, i32, u8>,
+>;
+
 /// CubeCL's CUDA backend without fusion.
 #[cfg(feature = "cuda")]
 pub type CubeAd =
     burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
 /// Instantiates generic test bodies for every backend: the two CPU backends always, the CUDA
-/// backends with the `cuda` feature (f32 with and without fusion, and f16 with fusion).
+/// backends with the `cuda` feature (f32 and f16, each with and without fusion).
 ///
 /// `backend_tests! { name => body(args); }` defines `flex::name`, `ndarray::name`,
-/// `cuda_fusion::name`, `cuda_cube::name` and `cuda_half::name`, each calling
+/// `cuda_fusion::name`, `cuda_cube::name`, `cuda_half::name` and `cuda_cube_half::name`, each calling
 /// `body::<Backend>(args)`. Attributes written before `name` apply to the Flex variant only.
 #[macro_export]
 macro_rules! backend_tests {
@@ -65,6 +71,8 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@cuda cuda_cube, TF32_TOLERANCE, CubeAd;
             $($name => $body($($arg),*);)*);
         $crate::backend_tests!(@cuda cuda_half, HALF_TOLERANCE, CudaHalfAd;
+            $($name => $body($($arg),*);)*);
+        $crate::backend_tests!(@cuda cuda_cube_half, HALF_TOLERANCE, CubeHalfAd;
             $($name => $body($($arg),*);)*);
     };
 }
