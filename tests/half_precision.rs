@@ -129,22 +129,28 @@ fn cases<B: Backend>(name: &str, together: bool) -> Vec<String> {
         for (rows, actual) in sizes.into_iter().zip(actual) {
             let expected = values(chain::<Reference>(&data, rows, steps));
             for ((step, a), e) in STEPS.iter().zip(&actual).zip(&expected) {
-                let scale = e.iter().fold(0f32, |m, x| m.max(x.abs()));
-                let difference = a.iter().zip(e).fold(0f32, |m, (a, e)| m.max((a - e).abs()));
-                let ok = difference <= TOLERANCE * (scale + 0.1);
-                let case = format!(
-                    "{name}: {rows} rows, {} step(s) after the output: {step} differs by \
-                     {difference:.2e} (largest value {scale:.2e})",
-                    steps
-                );
-                println!("{} {case}", if ok { "ok  " } else { "FAIL" });
-                if !ok {
-                    failures.push(case);
-                }
+                let case = format!("{name}: {rows} rows, {steps} step(s) after the output: {step}");
+                compare(case, a, e, &mut failures);
             }
         }
     }
     failures
+}
+
+/// Prints one line for `case`, `ok` or `FAIL` with the largest difference, and notes a
+/// failure in `failures`.
+fn compare(case: String, actual: &[f32], expected: &[f32], failures: &mut Vec<String>) {
+    let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let difference = actual
+        .iter()
+        .zip(expected)
+        .fold(0f32, |m, (a, e)| m.max((a - e).abs()));
+    let ok = difference <= TOLERANCE * (scale + 0.1);
+    let case = format!("{case} differs by {difference:.2e} (largest value {scale:.2e})");
+    println!("{} {case}", if ok { "ok  " } else { "FAIL" });
+    if !ok {
+        failures.push(case);
+    }
 }
 
 fn host<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {
@@ -295,18 +301,7 @@ fn device_inputs<B: Backend>(name: &str, case: Case) -> Vec<String> {
     let expected = values(chain::<Reference>(&data, ROWS, STEPS.len() - 1));
     let mut failures = Vec::new();
     let mut check = |what: String, actual: &[f32], expected: &[f32]| {
-        let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let difference = actual
-            .iter()
-            .zip(expected)
-            .fold(0f32, |m, (a, e)| m.max((a - e).abs()));
-        let ok = difference <= TOLERANCE * (scale + 0.1);
-        let case =
-            format!("{name}: {what} differs by {difference:.2e} (largest value {scale:.2e})");
-        println!("{} {case}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            failures.push(case);
-        }
+        compare(format!("{name}: {what}"), actual, expected, &mut failures)
     };
     for (i, step) in STEPS.iter().enumerate().take(case.steps + 1) {
         if let Some(whole) = &whole {
