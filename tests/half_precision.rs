@@ -90,13 +90,22 @@ fn chain<B: Backend>(data: &Data, rows: usize, steps: usize) -> Vec<Tensor<B, 2>
         &Default::default(),
     );
     let column = tensor::<B, 1>(&data.column[..rows], [rows]);
-    let scaled = linear.clone().mul_scalar(0.5);
+    after_output(linear, mask, column, steps)
+}
+
+/// The output and the first `steps` steps of the chain on it: scaled, masked, plus the column.
+fn after_output<B: Backend>(
+    output: Tensor<B, 2>,
+    mask: Tensor<B, 2, Bool>,
+    column: Tensor<B, 1>,
+    steps: usize,
+) -> Vec<Tensor<B, 2>> {
+    let scaled = output.clone().mul_scalar(0.5);
     let masked = scaled.clone().mask_fill(mask, 0.0);
     let shifted = masked.clone() + column.unsqueeze_dim(1);
-    [linear, scaled, masked, shifted]
-        .into_iter()
-        .take(steps + 1)
-        .collect()
+    let mut all = vec![output, scaled, masked, shifted];
+    all.truncate(steps + 1);
+    all
 }
 
 fn values<B: Backend>(tensors: Vec<Tensor<B, 2>>) -> Vec<Vec<f32>> {
@@ -252,13 +261,7 @@ fn device_inputs<B: Backend>(name: &str, case: Case) -> Vec<String> {
             }
         };
         let hidden = burn::tensor::activation::relu(layers[0].forward(features));
-        let linear = layers[1].forward(hidden);
-        let scaled = linear.clone().mul_scalar(0.5);
-        let masked = scaled.clone().mask_fill(mask, 0.0);
-        let shifted = masked.clone() + column.unsqueeze_dim(1);
-        let mut all = vec![linear, scaled, masked, shifted];
-        all.truncate(case.steps + 1);
-        all
+        after_output(layers[1].forward(hidden), mask, column, case.steps)
     };
     let sizes = match case.pieces {
         true => vec![(0, 3), (3, 2), (5, 2)],

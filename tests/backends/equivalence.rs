@@ -236,23 +236,10 @@ fn elementwise_chain_steps_match_bare<B: DataParallelBackend>(replicas: usize) {
     let features = random::<B, 2>([7, 8], &device);
     let mask = random::<B, 2>([7, 4], &device).greater_elem(0.0);
     let extra = random::<B, 1>([7], &device);
-    let steps = |m: &Mlp<B>, (features, mask, extra): ChainInput<B>| {
-        let linear = m.forward(features);
-        let scaled = linear.clone().mul_scalar(0.5);
-        let masked = scaled.clone().mask_fill(mask, 0.0);
-        let shifted = masked.clone() + extra.unsqueeze_dim(1);
-        vec![linear, scaled, masked, shifted]
-    };
     let input = (features, mask, extra);
-    let expected = steps(&model, input.clone());
-    let actual = dp.forward_with(input, steps);
-    let names = [
-        "linear output",
-        "scaled",
-        "masked",
-        "plus the scattered 1-D tensor",
-    ];
-    for ((name, a), e) in names.iter().zip(actual).zip(expected) {
+    let expected = chain_steps(&model, input.clone());
+    let actual = dp.forward_with(input, chain_steps);
+    for ((name, a), e) in CHAIN_STEPS.iter().zip(actual).zip(expected) {
         assert_close(&values(a), &values(e), name);
     }
 }
@@ -277,13 +264,7 @@ fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool
     let features = random::<B, 2>([7, 8], &device);
     let mask = random::<B, 2>([7, 4], &device).greater_elem(0.0);
     let extra = random::<B, 1>([7], &device);
-    let steps = |(features, mask, extra): ChainInput<B>| {
-        let linear = model.forward(features);
-        let scaled = linear.clone().mul_scalar(0.5);
-        let masked = scaled.clone().mask_fill(mask, 0.0);
-        let shifted = masked.clone() + extra.unsqueeze_dim(1);
-        [linear, scaled, masked, shifted]
-    };
+    let steps = |input| chain_steps(&model, input);
     let sizes = [3, 2, 2];
     let inputs: Vec<ChainInput<B>> = match pieces {
         Pieces::Split => {
@@ -317,7 +298,7 @@ fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool
         }
     };
     let whole = steps((features, mask, extra));
-    let outputs: Vec<[Tensor<B, 2>; 4]> = match threads {
+    let outputs: Vec<Vec<Tensor<B, 2>>> = match threads {
         false => inputs.into_iter().map(steps).collect(),
         true => std::thread::scope(|scope| {
             let handles: Vec<_> = inputs
@@ -327,11 +308,10 @@ fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         }),
     };
-    let names = ["linear output", "scaled", "masked", "shifted"];
     let mut start = 0;
     for (i, piece) in outputs.into_iter().enumerate() {
         let rows = piece[0].dims()[0];
-        for ((name, actual), expected) in names.iter().zip(piece).zip(&whole) {
+        for ((name, actual), expected) in CHAIN_STEPS.iter().zip(piece).zip(&whole) {
             let expected = expected.clone().slice(start..start + rows);
             assert_close(
                 &values(actual),
@@ -344,6 +324,22 @@ fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool
 }
 
 type ChainInput<B> = (Tensor<B, 2>, Tensor<B, 2, burn::tensor::Bool>, Tensor<B, 1>);
+
+/// What [`chain_steps`] returns, in order.
+const CHAIN_STEPS: [&str; 4] = ["linear output", "scaled", "masked", "plus the 1-D tensor"];
+
+/// The MLP's output on the features, then the output scaled, masked and plus the 1-D tensor
+/// as a column: each step kept as an output.
+fn chain_steps<B: DataParallelBackend>(
+    model: &Mlp<B>,
+    (features, mask, extra): ChainInput<B>,
+) -> Vec<Tensor<B, 2>> {
+    let linear = model.forward(features);
+    let scaled = linear.clone().mul_scalar(0.5);
+    let masked = scaled.clone().mask_fill(mask, 0.0);
+    let shifted = masked.clone() + extra.unsqueeze_dim(1);
+    vec![linear, scaled, masked, shifted]
+}
 
 /// Integer and boolean tensors scatter and gather unchanged.
 fn int_and_bool_tensors_round_trip<B: DataParallelBackend>(replicas: usize) {

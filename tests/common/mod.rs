@@ -41,8 +41,9 @@ pub type CubeAd =
 /// backends with the `cuda` feature (f32 and f16, each with and without fusion).
 ///
 /// `backend_tests! { name => body(args); }` defines `flex::name`, `ndarray::name`,
-/// `cuda_fusion::name`, `cuda_cube::name`, `cuda_half::name` and `cuda_cube_half::name`, each calling
-/// `body::<Backend>(args)`. Attributes written before `name` apply to the Flex variant only.
+/// `cuda_fusion::name`, `cuda_cube::name`, `cuda_half::name` and `cuda_cube_half::name`,
+/// each calling `body::<Backend>(args)`. Attributes written before `name` apply to the Flex
+/// variant only.
 #[macro_export]
 macro_rules! backend_tests {
     // One CUDA backend's module: its tolerance is set on the test thread first.
