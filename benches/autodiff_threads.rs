@@ -4,14 +4,19 @@
 //! ```sh
 //! cargo bench --bench autodiff_threads          # 1 against 2 threads, 7 rounds
 //! cargo bench --bench autodiff_threads -- 4     # 1 against 4 threads
+//! cargo bench --features cuda --bench autodiff_threads -- 2 cube            # one GPU
+//! cargo bench --features cuda --bench autodiff_threads -- 2 cube distinct   # a GPU each
 //! ```
 //!
 //! Each thread trains its own deep, narrow model (60 `Linear` 4→4 layers with ReLU and two
-//! scalar ops, batch 2, on Flex), so a step is almost only host work. Threads start every
-//! step together (a barrier); each takes the median of its forward times and of its backward
+//! scalar ops, batch 2; on Flex, or with `cube` or `fusion` on CUDA), so a step is almost
+//! only host work: on a GPU, launching some 300 tiny kernels. Threads start every step
+//! together (a barrier); each takes the median of its forward times and of its backward
 //! times, and a row shows the slowest thread's against one thread alone, run just before.
 //! The same forward without autodiff (`plain`) is the control: what the threads cost each
-//! other outside autodiff (cores, caches, allocator).
+//! other outside autodiff (cores, caches, allocator, and on a GPU the device's one server
+//! thread, through which CubeCL runs every thread's launches for that device). On CUDA the
+//! threads share the default device unless `distinct` gives each its own (modulo the count).
 
 use std::sync::Barrier;
 use std::time::Instant;
@@ -20,6 +25,7 @@ use burn::backend::flex::FlexDevice;
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 
@@ -51,32 +57,43 @@ impl<B: Backend> Deep<B> {
     }
 }
 
-/// Median forward and backward time (µs) of each of `threads` threads over `steps` steps;
-/// without `autodiff`, the forward alone on the inner backend.
-fn per_thread(threads: usize, steps: usize, autodiff: bool) -> Vec<(f64, f64)> {
-    let device = FlexDevice;
+/// Median forward and backward time (µs) of each of `threads` threads over `steps` steps,
+/// thread `i` on `devices[i % devices.len()]`; without `autodiff`, the forward alone on the
+/// inner backend. Each forward and backward ends with its device synchronised, so on a GPU
+/// the times include the kernels (and, under `Fusion`, their execution at all).
+fn per_thread<B: AutodiffBackend>(
+    devices: &[B::Device],
+    threads: usize,
+    steps: usize,
+    autodiff: bool,
+) -> Vec<(f64, f64)> {
     let barrier = Barrier::new(threads);
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
-            .map(|_| {
+            .map(|i| {
                 let barrier = &barrier;
+                let device = devices[i % devices.len()].clone();
                 scope.spawn(move || {
-                    let model = Deep::<Autodiff<Flex>>::new(&device);
+                    let model = Deep::<B>::new(&device);
                     let plain = model.valid();
+                    let sync = || B::sync(&device).expect("sync");
                     let (mut forwards, mut backwards) = (Vec::new(), Vec::new());
                     for _ in 0..steps {
                         barrier.wait();
                         let start = Instant::now();
                         if autodiff {
-                            let x = Tensor::random([2, 4], Distribution::Default, &device);
+                            let x = Tensor::<B, 2>::random([2, 4], Distribution::Default, &device);
                             let loss = model.forward(x).sum();
+                            sync();
                             forwards.push(start.elapsed().as_secs_f64());
                             let start = Instant::now();
                             let _grads = loss.backward();
+                            sync();
                             backwards.push(start.elapsed().as_secs_f64());
                         } else {
                             let x = Tensor::random([2, 4], Distribution::Default, &device);
                             let _ = plain.forward(x).sum();
+                            sync();
                             forwards.push(start.elapsed().as_secs_f64());
                             backwards.push(0.0);
                         }
@@ -95,11 +112,9 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn main() {
-    let many: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(2);
+/// Seven rounds of one thread alone against `many` at once, thread `i` on
+/// `devices[i % devices.len()]`, and the median ratios.
+fn rounds<B: AutodiffBackend>(devices: &[B::Device], many: usize) {
     println!(
         "| round | autodiff forward, 1 / {many} threads (µs) | ratio | autodiff backward (µs) | \
          ratio | plain forward (µs) | ratio |"
@@ -108,11 +123,14 @@ fn main() {
     let slowest = |rows: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
         rows.iter().map(pick).fold(0.0, f64::max)
     };
+    let run = |threads, autodiff| per_thread::<B>(devices, threads, 200, autodiff);
+    // The first thread's device warms up (kernels compiled, memory reserved) before timing.
+    let _ = (run(many, true), run(many, false));
     let mut ratios = [Vec::new(), Vec::new(), Vec::new()];
     for round in 1..=7 {
         // Alone and together back to back, so that both see the same machine state.
-        let (one, together) = (per_thread(1, 200, true), per_thread(many, 200, true));
-        let (plain_one, plain_together) = (per_thread(1, 200, false), per_thread(many, 200, false));
+        let (one, together) = (run(1, true), run(many, true));
+        let (plain_one, plain_together) = (run(1, false), run(many, false));
         let cells = [
             (slowest(&one, |r| r.0), slowest(&together, |r| r.0)),
             (slowest(&one, |r| r.1), slowest(&together, |r| r.1)),
@@ -133,4 +151,54 @@ fn main() {
         "median ratio, slowest of {many} threads against one: autodiff forward {forward:.2}x, \
          autodiff backward {backward:.2}x, plain forward {plain:.2}x"
     );
+}
+
+/// Every device of `B`'s default kind with `distinct`, else the default device alone.
+#[cfg(feature = "cuda")]
+fn devices<B: Backend>(distinct: bool) -> Vec<B::Device> {
+    use burn::tensor::backend::{Device, DeviceId};
+    let first = B::Device::default().to_id();
+    let count = if distinct {
+        B::device_count(first.type_id).max(1)
+    } else {
+        1
+    };
+    (0..count)
+        .map(|i| {
+            B::Device::from_id(DeviceId {
+                type_id: first.type_id,
+                index_id: i as u16,
+            })
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let many: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2);
+    let has = |name: &str| args.iter().any(|a| a == name);
+    let distinct = has("distinct");
+    #[cfg(feature = "cuda")]
+    {
+        use burn::backend::{Autodiff, Cuda};
+        type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+        if has("cube") {
+            println!("CubeBackend<CudaRuntime>; {}", placement(distinct));
+            return rounds::<Autodiff<Cube>>(&devices::<Cube>(distinct), many);
+        }
+        if has("fusion") {
+            println!("Cuda (Fusion); {}", placement(distinct));
+            return rounds::<Autodiff<Cuda>>(&devices::<Cuda>(distinct), many);
+        }
+    }
+    println!("Flex; {}", placement(distinct));
+    rounds::<Autodiff<Flex>>(&[FlexDevice], many);
+}
+
+/// How the threads are placed, for the heading.
+fn placement(distinct: bool) -> &'static str {
+    match distinct {
+        true => "one device per thread (modulo the count)",
+        false => "every thread on one device",
+    }
 }

@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|multi|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|multi|threads|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -15,7 +15,8 @@
 # MODELS_ARGS the train-step bench's backends and models (fusion, cube; mlp, resnet18,
 # encoder); SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench. `models`
 # runs the three-model train-step bench and its PyTorch companion, and writes
-# LOG_DIR/train_step.csv, torch_models.csv and train_step.svg.
+# LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
+# autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
 #
 # gpu-bundle/ holds the binaries and a cubecl.toml that keeps CubeCL's compilation and
 # autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
@@ -258,6 +259,17 @@ run() {
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"
     fi
+    if [ "$what" = threads ]; then
+        # Threads that share only the GPU, each launching a small model's kernels: one GPU
+        # for all (CubeCL runs a device's launches on one server thread), and with several
+        # GPUs one each.
+        local backend
+        for backend in cube fusion; do
+            step "bench-threads-$backend" 150 ./autodiff_threads 2 "$backend"
+            [ "$gpus" -lt 2 ] ||
+                step "bench-threads-$backend-distinct" 150 ./autodiff_threads 2 "$backend" distinct
+        done
+    fi
     if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -n "${SKIP_EXAMPLE:-}" ] || step example-4-replicas "$bench_limit" ./learner_cnn 4
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of backend names
@@ -277,14 +289,17 @@ run() {
         tests-kernels-cuda tests-multi-fusion tests-multi-cube; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
-        grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
+        # (--nocapture output shares the lines of half_precision's results: no count there.)
+        [ "$name" = tests-cuda-half-backends ] ||
+            grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
     # half_precision prints one line per case (ok or FAIL), beside its tests' output.
     local cases=$logs/tests-cuda-half-backends.log
     [ -f "$cases" ] && echo "  half_precision cases: $(grep -c '^ok ' "$cases") ok," \
         "$(grep -c '^FAIL ' "$cases") FAIL (Fusion's are known to fail on Burn 0.21)"
-    for name in bench-autodiff-threads step-time bench-concat bench-concat-torch \
+    for name in bench-autodiff-threads bench-threads-cube bench-threads-cube-distinct \
+        bench-threads-fusion bench-threads-fusion-distinct step-time bench-concat bench-concat-torch \
         bench-models-torch bench-models bench-scaling-torch bench-scaling; do
         [ -f "$logs/$name.log" ] && { grep -E '^(\||median ratio)' "$logs/$name.log" || true; }
     done
@@ -297,7 +312,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|multi|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|multi|threads|all]" >&2
         exit 2
         ;;
 esac
