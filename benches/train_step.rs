@@ -658,10 +658,11 @@ fn print_row(row: &Row, bare_samples_per_s: Option<f64>) {
         .unwrap_or_else(|| "-".into());
     let profile = match &row.profile {
         Some(p) => format!(
-            "{:.2} / {:.2} / {:.2} / {:.2}",
+            "{:.2} / {:.2} / {:.2} / {:.2} / {:.2}",
             ms(p.scatter),
             ms(p.replicate),
             ms(p.slowest_forward()),
+            ms(p.running_states),
             ms(p.gather)
         ),
         None => "-".into(),
@@ -1004,7 +1005,7 @@ fn main() {
     println!(
         "| backend | model | batch | configuration | median step | samples/s | vs bare | \
          first step | memory after forward | profile: scatter / replicate / slowest forward / \
-         gather (ms) |"
+         running states / gather (ms) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();

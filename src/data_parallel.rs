@@ -425,7 +425,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
             let result = run(&self.module, (0, input), &forward);
             if self.workers.is_some() {
                 // A later forward over several shards reads the statistics on worker threads.
-                self.sync_running_states();
+                profile::stage::<B, _>(sink, Stage::RunningStates, involved, || {
+                    self.sync_running_states()
+                });
             }
             let output = result.map_err(|failure| {
                 failure.into_error(shards.replicas()[0], format!("{:?}", devices[0]))
@@ -464,21 +466,24 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 .collect(),
         };
         let spans_devices = distinct.len() > 1;
-        if spans_devices {
-            // The synchronisation below may move statistics between devices (Burn's `to_device`).
-            for device in &distinct {
-                B::fence_receive(device);
+        profile::stage::<B, _>(sink, Stage::RunningStates, involved, || {
+            if spans_devices {
+                // The synchronisation below may move statistics between devices (Burn's
+                // `to_device`).
+                for device in &distinct {
+                    B::fence_receive(device);
+                }
             }
-        }
-        self.sync_running_states();
-        replicated.fold(&self.module, &self.output_device);
-        if spans_devices {
-            bring_states_home(&self.module, &self.output_device);
-            // Burn moves the statistics between devices with its own `to_device`, unfenced.
-            for device in &distinct {
-                B::fence_transfers(device);
+            self.sync_running_states();
+            replicated.fold(&self.module, &self.output_device);
+            if spans_devices {
+                bring_states_home(&self.module, &self.output_device);
+                // Burn moves the statistics between devices with its own `to_device`, unfenced.
+                for device in &distinct {
+                    B::fence_transfers(device);
+                }
             }
-        }
+        });
         let outputs = results
             .into_iter()
             .enumerate()
@@ -658,12 +663,18 @@ mod tests {
             .unwrap()
             .with_running_states_per_device();
         own.states_per_replica = true;
+        own.set_profiling(true);
         for batch in [7, 2, 9] {
             let x = Tensor::<B, 2>::random([batch, 5], Distribution::Default, &device);
             let outputs: Vec<_> = [&shared, &own]
                 .iter()
                 .map(|dp| dp.forward_with(x.clone(), |m, x| m.forward(x)))
                 .collect();
+            let profile = own.profile().expect("a profiled step");
+            assert_eq!(
+                profile.bytes_running_states, 0,
+                "own sets on the module's device move nothing"
+            );
             assert_close(
                 &floats(outputs[1].clone()),
                 &floats(outputs[0].clone()),

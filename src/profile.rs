@@ -49,6 +49,11 @@ pub struct StepProfile {
     pub replicate: Duration,
     /// Each replica's forward, by shard.
     pub forward: Vec<Duration>,
+    /// After the forwards: averaging the replicas' updates of the module's running states
+    /// (batch-norm statistics) and folding in those of replicas with states of their own
+    /// ([`DataParallel::with_running_states_per_device`](crate::DataParallel::with_running_states_per_device)).
+    /// Zero for a module without running states, up to the synchronisation.
+    pub running_states: Duration,
     /// Moving the outputs to the output device and concatenating them.
     pub gather: Duration,
     /// Each replica's backward, by shard, when the replicas' backward runs in parallel
@@ -65,6 +70,8 @@ pub struct StepProfile {
     pub bytes_broadcast: u64,
     /// Output bytes moved to the output device by the gather.
     pub bytes_gathered: u64,
+    /// Running-state bytes moved to the module's device (own sets folded back).
+    pub bytes_running_states: u64,
     /// Gradient bytes moved back to the parameters' device in the backward.
     pub bytes_reduced: u64,
     /// Number of parameter transfers (coalesced buckets) to other devices.
@@ -84,9 +91,10 @@ impl StepProfile {
         self.backward.iter().copied().max().unwrap_or_default()
     }
 
-    /// Scatter, replicate, the slowest forward and gather: the forward's critical path.
+    /// Scatter, replicate, the slowest forward, the running states and gather: the
+    /// forward's critical path.
     pub fn forward_total(&self) -> Duration {
-        self.scatter + self.replicate + self.slowest_forward() + self.gather
+        self.scatter + self.replicate + self.slowest_forward() + self.running_states + self.gather
     }
 }
 
@@ -103,17 +111,20 @@ impl std::fmt::Display for StepProfile {
         };
         write!(
             f,
-            "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, gather {:.3} ms, \
-             {backward}backward transfers {:.3} ms; moved {} B scattered, {} B broadcast in {} \
-             transfers, {} B gathered, {} B reduced in {} transfers",
+            "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, running states {:.3} ms, \
+             gather {:.3} ms, {backward}backward transfers {:.3} ms; moved {} B scattered, {} B \
+             broadcast in {} transfers, {} B of running states, {} B gathered, {} B reduced in \
+             {} transfers",
             ms(self.scatter),
             ms(self.replicate),
             list(&self.forward),
+            ms(self.running_states),
             ms(self.gather),
             ms(self.backward_transfers),
             self.bytes_scattered,
             self.bytes_broadcast,
             self.broadcast_transfers,
+            self.bytes_running_states,
             self.bytes_gathered,
             self.bytes_reduced,
             self.reduce_transfers,
@@ -171,6 +182,7 @@ impl Sink {
 pub(crate) enum Stage {
     Scatter,
     Replicate,
+    RunningStates,
     Gather,
 }
 
@@ -197,6 +209,7 @@ pub(crate) fn stage<B: Backend, T>(
     match stage {
         Stage::Scatter => profile.scatter += elapsed,
         Stage::Replicate => profile.replicate += elapsed,
+        Stage::RunningStates => profile.running_states += elapsed,
         Stage::Gather => profile.gather += elapsed,
     }
     output
@@ -243,6 +256,7 @@ pub(crate) fn count_move(bytes: u64) {
             match stage {
                 Stage::Scatter => profile.bytes_scattered += bytes,
                 Stage::Replicate => profile.bytes_broadcast += bytes,
+                Stage::RunningStates => profile.bytes_running_states += bytes,
                 Stage::Gather => profile.bytes_gathered += bytes,
             }
         }

@@ -269,7 +269,9 @@ impl<B: ConcatBackend, M: Module<B>> Replicas<B, M> {
                 let Some(device) = flat.values().next().map(Tensor::device) else {
                     continue;
                 };
-                profile::count_move((length * dtype.size()) as u64);
+                if device != *home {
+                    profile::count_move((length * dtype.size()) as u64);
+                }
                 let moved = kernels::move_split(buffer(flat, &device), &[length], home)
                     .pop()
                     .expect("one piece");

@@ -75,7 +75,22 @@ fn running_statistics_average<B: DataParallelBackend>(per_device: bool) {
         }
         let sizes = shards.sizes().to_vec();
         let expected = expected_statistics(dp.module(), input.clone().split_with_sizes(sizes, 0));
+        // Own sets on other devices come home once each: running mean and variance.
+        let mut homes_away: Vec<&B::Device> = Vec::new();
+        for device in shards.devices() {
+            if per_device && device != dp.output_device() && !homes_away.contains(&device) {
+                homes_away.push(device);
+            }
+        }
+        let state_bytes = 2 * 16 * dp.module().hidden.weight.val().dtype().size() as u64;
+        dp.set_profiling(true);
         let _ = dp.forward_with(input, |m, x| m.forward(x));
+        let profile = dp.profile().expect("a profiled step");
+        assert_eq!(
+            profile.bytes_running_states,
+            homes_away.len() as u64 * state_bytes,
+            "running-state bytes after batch {batch}"
+        );
         assert_eq!(
             dp.module().devices(),
             vec![dp.output_device().clone()],

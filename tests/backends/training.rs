@@ -258,6 +258,10 @@ fn profile_counts_transfers<B: DataParallelBackend>() {
     );
     // Each replica's one-element loss comes back to be combined.
     assert_eq!(profile.bytes_gathered, others as u64 * dtype_size);
+    assert_eq!(
+        profile.bytes_running_states, 0,
+        "the MLP has no running states"
+    );
 
     let expected = mse(&bare, x, y).backward();
     let weight = |m: &Mlp<B>, g| values(m.hidden.weight.val().grad(g).expect("weight gradient"));
