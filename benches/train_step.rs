@@ -396,9 +396,9 @@ fn in_use_after<B: Backend>(device: &B::Device, memory: MemoryProbe) -> Option<u
 }
 
 /// Times `timed` training steps after `warm_up` of `replicas` replicas (0: the bare model), then
-/// one untimed step that records the stage profile and the device memory in use after the
-/// forward (activations and parameters; the peak of the step is at that point or in the
-/// backward).
+/// two untimed steps that record the stage profile (the second's is kept) and the device
+/// memory in use after the forward (activations and parameters; the peak of the step is at
+/// that point or in the backward).
 ///
 /// With `interleave` (and replicas), a step of the bare model runs beside every step of the
 /// wrapper, before it on even steps and after it on odd ones, and its times come back as a
@@ -464,8 +464,11 @@ fn run<B: DataParallelBackend>(
         times.push(start.elapsed());
         bare
     };
-    for i in 0..warm_up + timed + 2 {
-        let profiled = i == warm_up + timed + 1;
+    // Two profiled steps at the end, the second reported: under Fusion the stages'
+    // synchronisations cut the queued operations at new points, and the first profiled step
+    // compiles the fused kernels that makes.
+    for i in 0..warm_up + timed + 3 {
+        let profiled = i > warm_up + timed;
         if interleave && !profiled && i % 2 == 0 {
             bare = bare_step(bare, &mut optim, &mut bare_times);
         }
@@ -474,6 +477,7 @@ fn run<B: DataParallelBackend>(
         }
         let start = Instant::now();
         if profiled {
+            marks.clear();
             marks.push(start);
         }
         match dp.take() {

@@ -94,10 +94,12 @@
 //! # Where a step's time goes
 //!
 //! [`DataParallel::set_profiling`] turns on a per-step [`StepProfile`]: the time of the
-//! scatter, the replication, each replica's forward, the gather and the backward's gradient
-//! transfers, and the bytes each moved between devices. Each stage ends by synchronising its
-//! devices, so the times are device times and a profiled step runs slower; when off, a step
-//! pays one atomic load.
+//! scatter, the replication, each replica's forward, the running statistics' averaging, the
+//! gather and the backward's gradient transfers, and the bytes each moved between devices.
+//! Each stage ends by synchronising its devices, so the times are device times and a
+//! profiled step runs slower; when off, a step pays one atomic load. Under `Fusion`, read
+//! the second profiled step: the stages' synchronisations cut the queued operations into
+//! new fused blocks, whose kernels the first profiled step compiles.
 //!
 //! ```
 //! # use burn::backend::{Autodiff, Flex};
