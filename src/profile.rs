@@ -50,9 +50,11 @@ pub struct StepProfile {
     /// Each replica's forward, by shard.
     pub forward: Vec<Duration>,
     /// After the forwards: averaging the replicas' updates of the module's running states
-    /// (batch-norm statistics) and folding in those of replicas with states of their own
+    /// (batch-norm statistics, which Burn's `RunningState` keeps one per thread) and folding
+    /// in those of replicas with states of their own
     /// ([`DataParallel::with_running_states_per_device`](crate::DataParallel::with_running_states_per_device)).
-    /// Zero for a module without running states, up to the synchronisation.
+    /// For a module without running states, only the pass over the module that looks for
+    /// them.
     pub running_states: Duration,
     /// Moving the outputs to the output device and concatenating them.
     pub gather: Duration,
