@@ -25,8 +25,7 @@ use burn::backend::flex::FlexDevice;
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
 
 #[derive(Module, Debug)]
@@ -124,7 +123,7 @@ fn rounds<B: AutodiffBackend>(devices: &[B::Device], many: usize) {
         rows.iter().map(pick).fold(0.0, f64::max)
     };
     let run = |threads, autodiff| per_thread::<B>(devices, threads, 200, autodiff);
-    // The first thread's device warms up (kernels compiled, memory reserved) before timing.
+    // Every thread's device warms up (kernels compiled, memory reserved) before timing.
     let _ = (run(many, true), run(many, false));
     let mut ratios = [Vec::new(), Vec::new(), Vec::new()];
     for round in 1..=7 {

@@ -82,7 +82,9 @@ fn running_statistics_average<B: DataParallelBackend>(per_device: bool) {
                 homes_away.push(device);
             }
         }
-        let state_bytes = 2 * 16 * dp.module().hidden.weight.val().dtype().size() as u64;
+        let weight = dp.module().hidden.weight.val();
+        // The batch norm's width is the hidden layer's output width.
+        let state_bytes = 2 * weight.dims()[1] as u64 * weight.dtype().size() as u64;
         dp.set_profiling(true);
         let _ = dp.forward_with(input, |m, x| m.forward(x));
         let profile = dp.profile().expect("a profiled step");
