@@ -28,6 +28,10 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
 
+#[cfg(feature = "cuda")]
+#[path = "../tests/common/spread.rs"]
+mod spread;
+
 #[derive(Module, Debug)]
 struct Deep<B: Backend> {
     layers: Vec<Linear<B>>,
@@ -155,21 +159,11 @@ fn rounds<B: AutodiffBackend>(devices: &[B::Device], many: usize) {
 /// Every device of `B`'s default kind with `distinct`, else the default device alone.
 #[cfg(feature = "cuda")]
 fn devices<B: Backend>(distinct: bool) -> Vec<B::Device> {
-    use burn::tensor::backend::{Device, DeviceId};
-    let first = B::Device::default().to_id();
-    let count = if distinct {
-        B::device_count(first.type_id).max(1)
-    } else {
-        1
-    };
-    (0..count)
-        .map(|i| {
-            B::Device::from_id(DeviceId {
-                type_id: first.type_id,
-                index_id: i as u16,
-            })
-        })
-        .collect()
+    use burn::tensor::backend::Device;
+    match distinct {
+        true => spread::spread::<B>(B::device_count(B::Device::default().to_id().type_id)),
+        false => vec![B::Device::default()],
+    }
 }
 
 fn main() {

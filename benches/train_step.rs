@@ -56,6 +56,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, Mean, StepProfile};
 
+#[path = "../tests/common/spread.rs"]
+mod spread;
+
 /// The models' inputs: features, images or token ids.
 #[derive(Clone)]
 enum Input<B: Backend> {
@@ -369,21 +372,10 @@ fn median(mut times: Vec<Duration>) -> Duration {
 /// Devices for `replicas` replicas: the default device for all, or with `TRAIN_STEP_DISTINCT=1`
 /// device `i` modulo the backend's device count for replica `i`.
 fn replica_devices<B: Backend>(replicas: usize) -> Vec<B::Device> {
-    use burn::tensor::backend::{Device, DeviceId};
-    let default = B::Device::default();
-    if std::env::var("TRAIN_STEP_DISTINCT").as_deref() != Ok("1") {
-        return vec![default; replicas];
+    match std::env::var("TRAIN_STEP_DISTINCT").as_deref() {
+        Ok("1") => spread::spread::<B>(replicas),
+        _ => vec![B::Device::default(); replicas],
     }
-    let first = default.to_id();
-    let count = B::device_count(first.type_id).max(1);
-    (0..replicas)
-        .map(|i| {
-            B::Device::from_id(DeviceId {
-                type_id: first.type_id,
-                index_id: ((first.index_id as usize + i) % count) as u16,
-            })
-        })
-        .collect()
 }
 
 /// Device memory in use, where the backend can tell.

@@ -12,6 +12,8 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Forward, Scatter};
 
+mod spread;
+
 /// The CPU backend every test runs on.
 pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
 
@@ -85,22 +87,10 @@ macro_rules! backend_tests {
 /// backend's device count instead (the first is the default device), so that the same tests
 /// run on several GPUs: outputs and gradients must still equal the single-device run.
 pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
-    use burn::tensor::backend::{Device, DeviceId};
-    let default = B::Device::default();
-    if std::env::var("DATAPARALLEL_TEST_DEVICES").as_deref() != Ok("distinct") {
-        return vec![default; n];
+    match std::env::var("DATAPARALLEL_TEST_DEVICES").as_deref() {
+        Ok("distinct") => spread::spread::<B>(n),
+        _ => vec![B::Device::default(); n],
     }
-    let first = default.to_id();
-    let count = B::device_count(first.type_id).max(1);
-    (0..n)
-        .map(|i| {
-            let index_id = ((first.index_id as usize + i) % count) as u16;
-            B::Device::from_id(DeviceId {
-                type_id: first.type_id,
-                index_id,
-            })
-        })
-        .collect()
 }
 
 /// A two-layer perceptron.
