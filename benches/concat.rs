@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor, TensorData};
 use burn_dataparallel::ConcatBackend;
-use burn_dataparallel::kernels::{concat, split};
+use burn_dataparallel::backend::{concat, split};
 
 struct Case {
     name: &'static str,

@@ -1,10 +1,30 @@
-//! Serialisable settings of a [`DataParallel`](crate::DataParallel).
+//! Serialisable settings of a [`DataParallel`](crate::DataParallel), and the settings every
+//! copy of a wrapper carries.
+
+use std::sync::Arc;
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
+use crate::parallel_apply::Workers;
+use crate::profile::Profiler;
 use crate::{DataParallel, DataParallelError};
+
+/// How a model's own training step reduces its loss over the batch, which says how the
+/// wrapper combines the replicas' gradients under burn-train's `Learner`
+/// ([`DataParallelConfig::loss_reduction`]).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LossReduction {
+    /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
+    /// are weighted by its share of the batch, `n_i / N`, and summed, which gives the
+    /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
+    /// same way, so it counts once, as in the bare model.
+    Mean,
+    /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
+    /// added to the loss that does not grow with the batch then counts once per replica.
+    Sum,
+}
 
 /// Settings of a [`DataParallel`], in Burn's `Config` style; devices are given to
 /// [`init`](Self::init).
@@ -30,18 +50,16 @@ pub struct DataParallelConfig {
     /// The dimension inputs are split along and outputs concatenated along.
     #[config(default = 0)]
     pub dim: usize,
-    /// Position in the device list of the device that gathers outputs and holds the parameters.
+    /// Position in the device list of the output device, which gathers outputs and holds the
+    /// parameters ([`DataParallel::with_output_device`] takes the device itself).
     #[config(default = 0)]
-    pub output_device: usize,
+    pub output_index: usize,
     /// Relative share of every batch for each device (positive, one per device); even shards
     /// when `None`.
     pub shard_weights: Option<Vec<f64>>,
     /// Largest coalesced parameter transfer to a replica on another device, in bytes (25 MiB
-    /// by default). With the single backward, gradients come back in the same buckets; with
-    /// the parallel backward ([`parallel_backward`](Self::parallel_backward)), the gradients
-    /// of the replicas on each device are summed there and come back in one buffer per dtype.
-    /// Zero moves every parameter on its own. Replicas on the parameters' device never copy
-    /// them.
+    /// by default). Zero moves every parameter on its own. Replicas on the parameters' device
+    /// never copy them.
     #[config(default = 26214400)]
     pub bucket_size: usize,
     /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
@@ -55,10 +73,19 @@ pub struct DataParallelConfig {
     /// replica on the calling thread, one graph for all.
     #[config(default = true)]
     pub parallel_backward: bool,
+    /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
+    /// `Learner` (see [`LossReduction`]); the hand-written loop's backward is the gathered
+    /// output's and needs no such setting.
+    #[config(default = "LossReduction::Mean")]
+    pub loss_reduction: LossReduction,
 }
 
 impl DataParallelConfig {
     /// Wraps `module` to run on `devices` with these settings.
+    ///
+    /// The module's lazy parameters are initialised and, where they are not on the output
+    /// device, the module is forked there. A device may appear more than once: each entry is
+    /// one replica with its own worker thread.
     ///
     /// # Errors
     ///
@@ -71,18 +98,61 @@ impl DataParallelConfig {
         module: M,
         devices: Vec<B::Device>,
     ) -> Result<DataParallel<B, M>, DataParallelError> {
-        let dp = DataParallel::build(
-            module,
-            devices,
-            self.output_device,
-            self.dim,
-            self.shard_weights.clone(),
-            self.bucket_size,
+        let settings = Settings::new(self, devices)?;
+        Ok(DataParallel::from_settings(module, settings))
+    }
+}
+
+/// Everything a wrapper is besides its module; shared by its clones and its `valid()` copy
+/// (the workers and the profiler by reference).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings<D> {
+    pub(crate) devices: Vec<D>,
+    pub(crate) output_device: D,
+    pub(crate) dim: usize,
+    pub(crate) shard_weights: Option<Vec<f64>>,
+    pub(crate) bucket_size: usize,
+    pub(crate) parallel_backward: bool,
+    pub(crate) loss_reduction: LossReduction,
+    /// Tests on one device: every replica after the first gets its own running states.
+    pub(crate) states_per_replica: bool,
+    /// One lane per device entry; none for a single device.
+    pub(crate) workers: Option<Arc<Workers>>,
+    pub(crate) profiler: Arc<Profiler>,
+}
+
+impl<D: Clone> Settings<D> {
+    /// Validates `config` against `devices` and starts the workers.
+    fn new(config: &DataParallelConfig, devices: Vec<D>) -> Result<Self, DataParallelError> {
+        if devices.is_empty() {
+            return Err(DataParallelError::NoDevices);
+        }
+        let output_device = devices.get(config.output_index).cloned().ok_or(
+            DataParallelError::OutputDeviceIndex {
+                index: config.output_index,
+                len: devices.len(),
+            },
         )?;
-        dp.set_profiling(self.profile);
-        Ok(DataParallel {
-            parallel_backward: self.parallel_backward,
-            ..dp
+        if let Some(weights) = &config.shard_weights {
+            crate::shards::check_weights(weights, devices.len())?;
+        }
+        let workers = match devices.len() {
+            1 => None,
+            slots => Some(Arc::new(Workers::new(slots)?)),
+        };
+        let profiler = Arc::<Profiler>::default();
+        profiler.set_enabled(config.profile);
+        Ok(Self {
+            devices,
+            output_device,
+            dim: config.dim,
+            shard_weights: config.shard_weights.clone(),
+            bucket_size: config.bucket_size,
+            parallel_backward: config.parallel_backward,
+            loss_reduction: config.loss_reduction,
+            states_per_replica: false,
+            workers,
+            profiler,
         })
     }
 }

@@ -8,7 +8,10 @@ use thiserror::Error;
 pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// What went wrong while configuring or running a [`DataParallel`](crate::DataParallel).
+///
+/// New variants may be added in minor releases.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum DataParallelError {
     /// The device list is empty.
     #[error("DataParallel needs at least one device, none was given")]
@@ -157,9 +160,42 @@ pub enum DataParallelError {
         found: String,
     },
 
+    /// Replicas returned maps with different keys.
+    #[error(
+        "output of replica {replica} has other keys than replica 0's: missing {missing:?}, \
+         in addition {unexpected:?}"
+    )]
+    OutputKeysMismatch {
+        /// Which output (position among the replicas that ran).
+        replica: usize,
+        /// Keys of replica 0's map that this replica's lacks.
+        missing: Vec<String>,
+        /// Keys of this replica's map that replica 0's lacks.
+        unexpected: Vec<String>,
+    },
+
+    /// A replica's outputs were computed from a tracked tensor that the replica did not
+    /// receive through its input (one captured by the forward closure): with the parallel
+    /// backward, its gradient would not reach that tensor.
+    #[error(
+        "the outputs of replica {replica} on device {device} use a tracked tensor that the \
+         replica did not receive through its input (a tensor captured by the forward closure), \
+         whose gradient the parallel backward cannot deliver; pass it in the input (wrapped in \
+         `Broadcast` to give every replica the whole tensor) or turn `parallel_backward` off"
+    )]
+    CapturedTensor {
+        /// Position of the replica's device in the device list.
+        replica: usize,
+        /// The replica's device.
+        device: String,
+    },
+
     /// The worker threads could not be started.
-    #[error("the replica worker threads could not be started: {0}")]
-    WorkerSpawn(#[from] rayon::ThreadPoolBuildError),
+    #[error("the replica worker threads could not be started: {message}")]
+    WorkerSpawn {
+        /// The operating system's reason.
+        message: String,
+    },
 }
 
 impl DataParallelError {

@@ -1,15 +1,19 @@
 //! Combining the replicas' outputs on the output device.
 
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash};
+
 use burn::tensor::{Tensor, backend::Backend};
 
-use crate::kernels::{ConcatBackend, ConcatKind};
-use crate::{DataParallelError, Shards, ops};
+use crate::backend::{ConcatBackend, ConcatKind, comm};
+use crate::{DataParallelError, Shards};
 
 /// A value that can be combined from one output per replica.
 ///
 /// Tensors are moved to [`Shards::output_device`] and concatenated along [`Shards::dim`];
-/// tuples, `Vec`, arrays and `Option` are walked; [`Mean`] and [`Sum`] combine per-replica
-/// reductions such as losses. A user struct gets an implementation from
+/// tuples, `Vec`, arrays, `Option` and maps (`BTreeMap`, `HashMap`: every replica must return
+/// the same keys) are walked; [`Mean`] and [`Sum`] combine per-replica reductions such as
+/// losses. A user struct gets an implementation from
 /// [`impl_gather!`](crate::impl_gather).
 ///
 /// # Example
@@ -36,7 +40,8 @@ pub trait Gather<B: Backend>: Sized {
     /// # Errors
     ///
     /// [`DataParallelError::OutputShapeMismatch`] when tensors differ outside the gather
-    /// dimension, [`DataParallelError::OutputStructureMismatch`] when structures differ, and
+    /// dimension, [`DataParallelError::OutputStructureMismatch`] when structures differ,
+    /// [`DataParallelError::OutputKeysMismatch`] when maps have different keys, and
     /// [`DataParallelError::DimOutOfRange`] when a tensor has no dimension `dim`.
     ///
     /// # Panics
@@ -100,7 +105,7 @@ fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
                 Some(graphs) => K::replica_output(tensor, graphs, replica),
                 None => tensor,
             };
-            ops::move_to(tensor, shards.output_device())
+            comm::move_to(tensor, shards.output_device())
         })
         .collect()
 }
@@ -112,7 +117,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Gather<B> for Tensor<B, D, K>
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });
         }
         check_same_shape(outputs.iter().map(Tensor::dims), Some(dim))?;
-        Ok(ops::concat(on_output_device(outputs, shards), dim))
+        Ok(comm::concat(on_output_device(outputs, shards), dim))
     }
 }
 
@@ -199,6 +204,83 @@ impl<B: Backend, T: Gather<B>, const N: usize> Gather<B> for [T; N] {
         let items = Vec::gather(outputs.into_iter().map(Vec::from).collect(), shards)?;
         let mut items = items.into_iter();
         Ok(core::array::from_fn(|_| items.next().expect("N items")))
+    }
+}
+
+/// The first replica whose keys differ from replica 0's, with the keys missing from it and
+/// those it has in addition.
+fn key_mismatch<'a, K: std::fmt::Debug + 'a>(
+    first: &[&'a K],
+    others: impl Iterator<Item = Vec<&'a K>>,
+    same: impl Fn(&K, &K) -> bool,
+) -> Result<(), DataParallelError> {
+    for (index, keys) in others.enumerate() {
+        let missing: Vec<String> = (first.iter())
+            .filter(|k| !keys.iter().any(|o| same(k, o)))
+            .map(|k| format!("{k:?}"))
+            .collect();
+        let unexpected: Vec<String> = (keys.iter())
+            .filter(|k| !first.iter().any(|o| same(k, o)))
+            .map(|k| format!("{k:?}"))
+            .collect();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            return Err(DataParallelError::OutputKeysMismatch {
+                replica: index + 1,
+                missing,
+                unexpected,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl<B: Backend, K: Ord + std::fmt::Debug, V: Gather<B>> Gather<B> for BTreeMap<K, V> {
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        let first: Vec<&K> = outputs[0].keys().collect();
+        key_mismatch(
+            &first,
+            outputs[1..].iter().map(|o| o.keys().collect()),
+            |a, b| a == b,
+        )?;
+        let mut columns: BTreeMap<K, Vec<V>> = BTreeMap::new();
+        for output in outputs {
+            for (key, value) in output {
+                columns.entry(key).or_default().push(value);
+            }
+        }
+        columns
+            .into_iter()
+            .map(|(key, values)| Ok((key, V::gather(values, shards)?)))
+            .collect()
+    }
+}
+
+impl<B, K, V, S> Gather<B> for HashMap<K, V, S>
+where
+    B: Backend,
+    K: Eq + Hash + std::fmt::Debug,
+    V: Gather<B>,
+    S: BuildHasher + Clone,
+{
+    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+        let first: Vec<&K> = outputs[0].keys().collect();
+        key_mismatch(
+            &first,
+            outputs[1..].iter().map(|o| o.keys().collect()),
+            |a, b| a == b,
+        )?;
+        let hasher = outputs[0].hasher().clone();
+        let mut columns: HashMap<K, Vec<V>, S> = HashMap::with_hasher(hasher.clone());
+        for output in outputs {
+            for (key, value) in output {
+                columns.entry(key).or_default().push(value);
+            }
+        }
+        let mut gathered = HashMap::with_capacity_and_hasher(columns.len(), hasher);
+        for (key, values) in columns {
+            gathered.insert(key, V::gather(values, shards)?);
+        }
+        Ok(gathered)
     }
 }
 

@@ -231,32 +231,32 @@
 //!   the first device of the first node validates and reports.
 //!
 
+pub mod backend;
 mod config;
 mod data_parallel;
 mod error;
 mod gather;
-pub mod kernels;
+mod kernels;
 mod macros;
 mod module;
-mod ops;
 mod parallel_apply;
 mod profile;
 mod replicate;
+mod running_states;
 mod scatter;
 mod shards;
+mod step;
 #[cfg(feature = "train")]
 mod train;
 mod warm_up;
 
-pub use config::DataParallelConfig;
+pub use backend::{ConcatBackend, DataParallelBackend};
+pub use config::{DataParallelConfig, LossReduction};
 pub use data_parallel::{DataParallel, Forward};
 pub use error::{BoxError, DataParallelError};
 pub use gather::{Gather, Mean, Sum};
-pub use kernels::{ConcatBackend, DataParallelBackend};
 pub use profile::StepProfile;
 pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};
-pub use scatter::{Scatter, Shared, merge_batch_size};
+pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
-#[cfg(feature = "train")]
-pub use train::StepOutput;
 pub use warm_up::WarmUp;

@@ -17,32 +17,26 @@ impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
     fn clone(&self) -> Self {
         Self {
             module: self.module.clone(),
-            devices: self.devices.clone(),
-            output_device: self.output_device.clone(),
-            dim: self.dim,
-            shard_weights: self.shard_weights.clone(),
-            workers: self.workers.clone(),
-            bucket_size: self.bucket_size,
-            profiler: self.profiler.clone(),
+            settings: self.settings.clone(),
             own_states: self.own_states,
-            states_per_replica: self.states_per_replica,
-            parallel_backward: self.parallel_backward,
         }
     }
 }
 
 impl<B: Backend, M: core::fmt::Debug> core::fmt::Debug for DataParallel<B, M> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let settings = &self.settings;
         f.debug_struct("DataParallel")
             .field("module", &self.module)
-            .field("devices", &self.devices)
-            .field("output_device", &self.output_device)
-            .field("dim", &self.dim)
-            .field("shard_weights", &self.shard_weights)
-            .field("bucket_size", &self.bucket_size)
-            .field("profiling", &self.profiler.is_enabled())
+            .field("devices", &settings.devices)
+            .field("output_device", &settings.output_device)
+            .field("dim", &settings.dim)
+            .field("shard_weights", &settings.shard_weights)
+            .field("bucket_size", &settings.bucket_size)
+            .field("profiling", &settings.profiler.is_enabled())
             .field("running_states_per_device", &self.own_states.is_some())
-            .field("parallel_backward", &self.parallel_backward)
+            .field("parallel_backward", &settings.parallel_backward)
+            .field("loss_reduction", &settings.loss_reduction)
             .finish()
     }
 }
@@ -97,32 +91,16 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
     fn valid(&self) -> Self::InnerModule {
         DataParallel {
             module: self.module.valid(),
-            devices: self.devices.clone(),
-            output_device: self.output_device.clone(),
-            dim: self.dim,
-            shard_weights: self.shard_weights.clone(),
-            workers: self.workers.clone(),
-            bucket_size: self.bucket_size,
-            profiler: self.profiler.clone(),
+            settings: self.settings.clone(),
             own_states: Some(own_inner_states::<B, M>),
-            states_per_replica: self.states_per_replica,
-            parallel_backward: self.parallel_backward,
         }
     }
 
     fn from_inner(inner: Self::InnerModule) -> Self {
         DataParallel {
             module: M::from_inner(inner.module),
-            devices: inner.devices,
-            output_device: inner.output_device,
-            dim: inner.dim,
-            shard_weights: inner.shard_weights,
-            workers: inner.workers,
-            bucket_size: inner.bucket_size,
-            profiler: inner.profiler,
+            settings: inner.settings,
             own_states: Some(own_states::<B, M>),
-            states_per_replica: inner.states_per_replica,
-            parallel_backward: inner.parallel_backward,
         }
     }
 }
@@ -140,9 +118,9 @@ impl<B: Backend, M: ModuleDisplay> ModuleDisplayDefault for DataParallel<B, M> {
     fn content(&self, content: Content) -> Option<Content> {
         content
             .set_top_level_type("DataParallel")
-            .add_debug_attribute("devices", &self.devices)
-            .add_debug_attribute("output_device", &self.output_device)
-            .add_debug_attribute("dim", &self.dim)
+            .add_debug_attribute("devices", &self.settings.devices)
+            .add_debug_attribute("output_device", &self.settings.output_device)
+            .add_debug_attribute("dim", &self.settings.dim)
             .add("module", &self.module)
             .optional()
     }

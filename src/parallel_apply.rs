@@ -1,41 +1,106 @@
 //! Running the replicas at the same time on persistent per-device worker threads.
+//!
+//! Every device slot (an entry of the device list) has one *lane*: a long-lived thread that
+//! runs that slot's replica forwards, one after the other, and, when it is idle, the
+//! replica's backward. Burn keeps per-thread state (the pending updates of `RunningState`,
+//! CubeCL's per-thread streams), which fresh threads would leak and leave unsynchronised, so
+//! slot `i`'s forwards always run on the same OS thread.
+//!
+//! A replica's backward ends with Burn's graph cleanup, which waits for every autodiff graph,
+//! the caller's included; while the caller's backward goes on, the lane that ran it stays
+//! occupied. A second backward for the same slot within one caller's backward (two forwards
+//! before one backward, the wrapper applied to its own output) then runs on another lane of
+//! that slot, started the first time it is needed and kept for later steps.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use rayon::{ThreadPool, ThreadPoolBuilder};
-
+use crate::backend::ReplicaRuntime;
+use crate::profile::Sink;
 use crate::{BoxError, DataParallelError};
 
-/// One long-lived worker thread per device slot.
-///
-/// Threads are created once and reused by every forward: Burn keeps per-thread state (the
-/// pending updates of `RunningState`, CubeCL's per-thread streams), which fresh threads would
-/// leak and leave unsynchronised. Slot `i` always runs on the same OS thread.
+/// A job for a lane; the lane catches its panics.
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// Where the jobs of one [`Workers::apply`] call leave their results.
+type Results<O> = Arc<Mutex<Vec<Option<Result<O, Failure>>>>>;
+
+thread_local! {
+    static IN_REPLICA: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is one of the replicas' lanes: a forward of a wrapper started
+/// there (a wrapper inside a replica) runs its module directly.
+pub(crate) fn in_replica() -> bool {
+    IN_REPLICA.with(Cell::get)
+}
+
+/// The lanes of every device slot.
 #[derive(Debug)]
 pub(crate) struct Workers {
-    pool: ThreadPool,
+    slots: Vec<Mutex<Vec<Lane>>>,
+}
+
+#[derive(Debug)]
+struct Lane {
+    jobs: Sender<Job>,
+    /// Jobs queued or running.
+    pending: Arc<AtomicUsize>,
+}
+
+impl Lane {
+    fn start(slot: usize, index: usize) -> std::io::Result<Self> {
+        let (jobs, queue) = channel::<Job>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let counter = pending.clone();
+        let name = match index {
+            0 => format!("dataparallel-{slot}"),
+            _ => format!("dataparallel-{slot}.{index}"),
+        };
+        std::thread::Builder::new().name(name).spawn(move || {
+            IN_REPLICA.with(|flag| flag.set(true));
+            for job in queue {
+                let _ = catch_unwind(AssertUnwindSafe(job));
+                counter.fetch_sub(1, Ordering::SeqCst);
+            }
+        })?;
+        Ok(Self { jobs, pending })
+    }
+
+    /// Queues `job`, whose place in `pending` the caller has already taken.
+    fn send(&self, job: Job) {
+        if let Err(returned) = self.jobs.send(job) {
+            // The lane's thread is gone (it never exits while the lane exists): run the job
+            // here rather than lose it.
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            (returned.0)();
+        }
+    }
 }
 
 impl Workers {
-    /// Starts `slots` worker threads.
+    /// Starts one lane per slot.
     pub(crate) fn new(slots: usize) -> Result<Self, DataParallelError> {
-        let pool = ThreadPoolBuilder::new()
-            .num_threads(slots)
-            .thread_name(|slot| format!("dataparallel-{slot}"))
-            .build()?;
-        Ok(Self { pool })
+        let slots = (0..slots)
+            .map(|slot| {
+                Lane::start(slot, 0)
+                    .map(|lane| Mutex::new(vec![lane]))
+                    .map_err(|error| DataParallelError::WorkerSpawn {
+                        message: error.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { slots })
     }
 
-    /// Number of worker threads.
-    pub(crate) fn slots(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    /// Runs `f(replica, input)` for every job, job `j` on the worker of slot `jobs[j].0`, all at
-    /// once, and returns the results in job order.
+    /// Runs `f(replica, input)` for every job, job `j` on the first lane of slot `jobs[j].0`,
+    /// all at once, and returns the results in job order.
     ///
-    /// Every job runs to completion (or to its panic) before this returns.
+    /// Every job has run to completion (or to its panic) when this returns.
     pub(crate) fn apply<M, I, O, F>(
         &self,
         jobs: Vec<(usize, M, I)>,
@@ -47,57 +112,90 @@ impl Workers {
         O: Send,
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
-        let mut by_slot: Vec<Mutex<Option<(usize, M, I)>>> =
-            (0..self.slots()).map(|_| Mutex::new(None)).collect();
-        for (job, (slot, replica, input)) in jobs.into_iter().enumerate() {
-            *by_slot[slot].get_mut().unwrap_or_else(|e| e.into_inner()) =
-                Some((job, replica, input));
+        let results: Results<O> = Arc::new(Mutex::new((0..jobs.len()).map(|_| None).collect()));
+        let outstanding: Outstanding = Arc::new((Mutex::new(jobs.len()), Condvar::new()));
+        {
+            // Waits for every job even if this thread unwinds while queueing them.
+            let _wait = Wait(outstanding.clone());
+            for (index, (slot, replica, input)) in jobs.into_iter().enumerate() {
+                let results = results.clone();
+                let done = CountDown(outstanding.clone());
+                let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+                    // Dropped last: everything the job borrows is released before it counts.
+                    let _done = done;
+                    let result = run(&replica, input, f);
+                    drop(replica);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                    drop(results);
+                });
+                // SAFETY: the job borrows `f` and values of this call only, and this call does
+                // not return before every job's `CountDown` has been dropped (`Wait` above,
+                // also on unwinding), which happens after the job has run, or when it is
+                // dropped unrun.
+                let job: Job = unsafe { std::mem::transmute(job) };
+                let lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+                lanes[0].pending.fetch_add(1, Ordering::SeqCst);
+                lanes[0].send(job);
+            }
         }
-        let mut done: Vec<(usize, Result<O, Failure>)> = self
-            .pool
-            .broadcast(|context| {
-                let taken = by_slot[context.index()]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                taken.map(|(job, replica, input)| (job, run(&replica, input, f)))
-            })
-            .into_iter()
-            .flatten()
-            .collect();
-        done.sort_by_key(|(job, _)| *job);
-        done.into_iter().map(|(_, result)| result).collect()
+        let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+        results
+            .iter_mut()
+            .map(|result| result.take().unwrap_or(Err(Failure::Lost)))
+            .collect()
+    }
+
+    /// Starts `job` on an idle lane of `slot` (the first lane when it is idle), starting a new
+    /// lane when none is, and returns at once.
+    pub(crate) fn spawn(&self, slot: usize, job: Job) {
+        let mut lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+        let idle = lanes.iter().find(|lane| {
+            (lane.pending)
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        });
+        if let Some(lane) = idle {
+            return lane.send(job);
+        }
+        match Lane::start(slot, lanes.len()) {
+            Ok(lane) => {
+                lane.pending.store(1, Ordering::SeqCst);
+                lane.send(job);
+                lanes.push(lane);
+            }
+            // No thread to be had: queue it behind the first lane's work.
+            Err(_) => {
+                lanes[0].pending.fetch_add(1, Ordering::SeqCst);
+                lanes[0].send(job);
+            }
+        }
     }
 }
 
-/// A job for one worker slot that runs without the caller waiting for it.
-pub(crate) type Detached = Box<dyn FnOnce() + Send>;
+/// The number of jobs of one [`Workers::apply`] call still outstanding.
+type Outstanding = Arc<(Mutex<usize>, Condvar)>;
 
-/// Runs detached jobs on worker slots; see [`Workers::spawn_each`].
-pub(crate) type Spawner = std::sync::Arc<dyn Fn(Vec<(usize, Detached)>) + Send + Sync>;
+/// Held by one job: counts it done when dropped, whether the job ran or was dropped unrun.
+struct CountDown(Outstanding);
 
-impl Workers {
-    /// Starts every job on the worker of its slot and returns at once; each job reports its
-    /// own completion (the caller waits on what the jobs send, not on the jobs).
-    ///
-    /// Used by the per-replica backward: a replica's backward ends with Burn's graph cleanup,
-    /// which waits for the calling thread's own backward to finish, so the calling thread must
-    /// be able to go on as soon as the replica's gradients are out.
-    pub(crate) fn spawn_each(&self, jobs: Vec<(usize, Detached)>) {
-        let by_slot: Vec<Mutex<Option<Detached>>> =
-            (0..self.slots()).map(|_| Mutex::new(None)).collect();
-        for (slot, job) in jobs {
-            *by_slot[slot].lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
+impl Drop for CountDown {
+    fn drop(&mut self) {
+        let (count, changed) = &*self.0;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        changed.notify_all();
+    }
+}
+
+/// Waits, when dropped, until no job is outstanding.
+struct Wait(Outstanding);
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        let (count, changed) = &*self.0;
+        let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = changed.wait(count).unwrap_or_else(|e| e.into_inner());
         }
-        self.pool.spawn_broadcast(move |context| {
-            let job = by_slot[context.index()]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            if let Some(job) = job {
-                job();
-            }
-        });
     }
 }
 
@@ -107,6 +205,8 @@ pub(crate) enum Failure {
     Panicked(Box<dyn std::any::Any + Send>),
     /// The forward returned this error.
     Failed(BoxError),
+    /// The job never ran.
+    Lost,
 }
 
 impl Failure {
@@ -121,6 +221,11 @@ impl Failure {
                 device,
                 source,
             },
+            Failure::Lost => DataParallelError::ReplicaPanicked {
+                replica: slot,
+                device,
+                message: "the replica's worker thread did not run it".into(),
+            },
         }
     }
 }
@@ -134,5 +239,33 @@ where
         Ok(Ok(output)) => Ok(output),
         Ok(Err(error)) => Err(Failure::Failed(error)),
         Err(payload) => Err(Failure::Panicked(payload)),
+    }
+}
+
+/// The workers and the step's profile, as the services the per-replica backward uses.
+pub(crate) struct Runtime {
+    pub(crate) workers: Arc<Workers>,
+    pub(crate) sink: Option<Arc<Sink>>,
+}
+
+impl ReplicaRuntime for Runtime {
+    fn spawn(&self, slot: usize, job: Box<dyn FnOnce() + Send>) {
+        self.workers.spawn(slot, job);
+    }
+
+    fn profiling(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    fn record_backward(&self, replica: usize, elapsed: Duration) {
+        if let Some(sink) = &self.sink {
+            sink.replica_backward(replica, elapsed);
+        }
+    }
+
+    fn record_transfer(&self, bytes: u64, elapsed: Duration) {
+        if let Some(sink) = &self.sink {
+            sink.reduced(bytes, elapsed);
+        }
     }
 }

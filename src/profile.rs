@@ -4,12 +4,13 @@
 //! moved between devices, and the backward of the coalesced parameter transfers adds the time
 //! and bytes of bringing gradients back. When it is off, a forward pays one atomic load.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
+
+use crate::backend::comm::{self, TransferLog};
 
 /// Where one [`DataParallel`](crate::DataParallel) step spent its time, and the bytes it moved
 /// between distinct devices.
@@ -177,6 +178,24 @@ impl Sink {
     pub(crate) fn lock(&self) -> MutexGuard<'_, StepProfile> {
         self.profile.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Replica `shard`'s backward took `elapsed`, from the start of the replicas' backward to
+    /// its device having run it.
+    pub(crate) fn replica_backward(&self, shard: usize, elapsed: Duration) {
+        let mut profile = self.lock();
+        if profile.backward.len() <= shard {
+            profile.backward.resize(shard + 1, Duration::ZERO);
+        }
+        profile.backward[shard] = elapsed;
+    }
+
+    /// One gradient transfer of the backward.
+    pub(crate) fn reduced(&self, bytes: u64, elapsed: Duration) {
+        let mut profile = self.lock();
+        profile.backward_transfers += elapsed;
+        profile.bytes_reduced += bytes;
+        profile.reduce_transfers += 1;
+    }
 }
 
 /// A stage of the forward, to which device moves on the calling thread are counted.
@@ -188,8 +207,42 @@ pub(crate) enum Stage {
     Gather,
 }
 
-thread_local! {
-    static ACTIVE: RefCell<Option<(Arc<Sink>, Stage)>> = const { RefCell::new(None) };
+/// Counts a stage's transfers into the step's profile.
+struct StageLog {
+    sink: Arc<Sink>,
+    stage: Stage,
+}
+
+impl TransferLog for StageLog {
+    fn record(&self, bytes: u64, _elapsed: Duration) {
+        let mut profile = self.sink.lock();
+        match self.stage {
+            Stage::Scatter => profile.bytes_scattered += bytes,
+            Stage::Replicate => {
+                profile.bytes_broadcast += bytes;
+                profile.broadcast_transfers += 1;
+            }
+            Stage::RunningStates => profile.bytes_running_states += bytes,
+            Stage::Gather => profile.bytes_gathered += bytes,
+        }
+    }
+
+    fn for_backward(&self) -> Option<Arc<dyn TransferLog>> {
+        Some(Arc::new(BackwardLog(self.sink.clone())))
+    }
+}
+
+/// Counts (and times) the backward's gradient transfers into the step's profile.
+struct BackwardLog(Arc<Sink>);
+
+impl TransferLog for BackwardLog {
+    fn record(&self, bytes: u64, elapsed: Duration) {
+        self.0.reduced(bytes, elapsed);
+    }
+
+    fn timed(&self) -> bool {
+        true
+    }
 }
 
 /// Runs `f` as `stage` of a profiled step: device moves made by it are counted, and its
@@ -202,9 +255,11 @@ pub(crate) fn stage<B: Backend, T>(
 ) -> T {
     let Some(sink) = sink else { return f() };
     let start = Instant::now();
-    ACTIVE.with(|active| *active.borrow_mut() = Some((sink.clone(), stage)));
-    let output = f();
-    ACTIVE.with(|active| *active.borrow_mut() = None);
+    let log = StageLog {
+        sink: sink.clone(),
+        stage,
+    };
+    let output = comm::logged(Some(Arc::new(log)), f);
     synchronize::<B>(devices);
     let elapsed = start.elapsed();
     let mut profile = sink.lock();
@@ -231,52 +286,6 @@ pub(crate) fn replica<B: Backend, T>(
     synchronize::<B>(std::slice::from_ref(device));
     sink.lock().forward[shard] = start.elapsed();
     output
-}
-
-/// Records that replica `shard`'s backward, started at `start`, is over once `device` has
-/// run it.
-pub(crate) fn replica_backward<B: Backend>(
-    sink: &Sink,
-    shard: usize,
-    device: &B::Device,
-    start: Instant,
-) {
-    synchronize::<B>(std::slice::from_ref(device));
-    let elapsed = start.elapsed();
-    let mut profile = sink.lock();
-    if profile.backward.len() <= shard {
-        profile.backward.resize(shard + 1, Duration::ZERO);
-    }
-    profile.backward[shard] = elapsed;
-}
-
-/// Counts `bytes` moved to another device by the current stage, if one is being profiled.
-pub(crate) fn count_move(bytes: u64) {
-    ACTIVE.with(|active| {
-        if let Some((sink, stage)) = active.borrow().as_ref() {
-            let mut profile = sink.lock();
-            match stage {
-                Stage::Scatter => profile.bytes_scattered += bytes,
-                Stage::Replicate => profile.bytes_broadcast += bytes,
-                Stage::RunningStates => profile.bytes_running_states += bytes,
-                Stage::Gather => profile.bytes_gathered += bytes,
-            }
-        }
-    });
-}
-
-/// Counts one coalesced parameter transfer of the current stage, if one is being profiled.
-pub(crate) fn count_broadcast_transfer() {
-    ACTIVE.with(|active| {
-        if let Some((sink, _)) = active.borrow().as_ref() {
-            sink.lock().broadcast_transfers += 1;
-        }
-    });
-}
-
-/// The sink of the step being profiled on this thread, for backward steps to write into.
-pub(crate) fn active_sink() -> Option<Arc<Sink>> {
-    ACTIVE.with(|active| active.borrow().as_ref().map(|(sink, _)| sink.clone()))
 }
 
 /// Waits for every device's queued work; errors only make the profile less exact.

@@ -1,13 +1,20 @@
 //! Differentiable copies of a module, one per replica.
+//!
+//! A copy on the device that already holds a parameter shares that parameter's data (no
+//! copy); copies on other devices receive the parameters in coalesced buckets
+//! ([`comm::move_coalesced`]). How a copy's parameters relate to the module's depends on the
+//! backward that follows ([`Links`]): the same graph nodes (the single backward), leaves of the
+//! replica's own graph whose gradients the per-replica backward sends back (the parallel
+//! backward), or fresh leaves whose gradients the replica's own training step returns.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
 
-use crate::kernels::{self, ConcatBackend, ReplicaGraphs};
-use crate::{ops, profile};
+use crate::backend::{ConcatBackend, Part, ReplicaGraphs, comm};
+use crate::running_states::{OwnStates, RunningStates};
 
 /// Default size of one coalesced parameter transfer: 25 MiB.
 pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
@@ -20,17 +27,9 @@ pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
 /// share one transfer. Under an autodiff backend every replica's gradient sums into the
 /// original parameters, and the gradients of a transfer come back as one buffer.
 ///
-/// Under an autodiff backend, every trainable parameter is first given a graph node on the
-/// calling thread (a free reshape to its own shape), and all these nodes are joined into one
-/// autodiff graph by one graph node that has all of them as parents (no kernel runs).
-/// Replicas' forwards on other threads then only add nodes to that one graph
-/// and never merge two graphs: Burn 0.21's graph locator can lose a node registered by one
-/// thread while another thread merges that node's graph (missing or wrong gradients). A
-/// single replica runs on the calling thread and needs no anchoring.
-///
 /// Running states (Burn's `RunningState`, e.g. batch-norm statistics) are shared by a module
-/// and all its clones, so every replica reads the one value, which stays where the module
-/// holds it; a replica on another device moves it in its own forward.
+/// and all its clones, so every copy reads the one value, which stays where the module holds
+/// it.
 ///
 /// # Example
 ///
@@ -53,290 +52,144 @@ pub fn replicate<B: ConcatBackend, M: Module<B>>(module: &M, devices: &[B::Devic
 /// The float parameters bound for another device are grouped, in module order, by dtype and
 /// by whether they require a gradient; each group is cut into buckets of at most
 /// `bucket_size` bytes (a larger parameter gets a bucket of its own), and each bucket moves
-/// as one flat buffer ([`kernels::coalesce`] then [`kernels::move_split`]). A `bucket_size` of
-/// zero moves every parameter on its own. Int and bool parameters move one by one.
+/// as one flat buffer. A `bucket_size` of zero moves every parameter on its own. Int and
+/// bool parameters move one by one.
 pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
     module: &M,
     devices: &[B::Device],
     bucket_size: usize,
 ) -> Vec<M> {
-    replicate_for_forward(module, devices, bucket_size, None, false, None).replicas
+    let mut states = RunningStates::plan(module, devices, None, false);
+    copies(module, devices, bucket_size, &mut states, Links::Shared)
 }
 
-/// Makes a copy of a module whose running states are its own: the same parameters and
-/// values, but `RunningState`s that the module and its clones do not share. Burn 0.21 only
-/// makes new running states through a module's constructor or `AutodiffModule`, so this is
-/// `M::from_inner(module.valid())` (or its inner-backend twin).
-pub(crate) type OwnStates<M> = fn(&M) -> M;
-
-/// The replicas of one forward, and where their running states live.
-pub(crate) struct Replicas<B: Backend, M> {
-    /// One copy of the module per device entry.
-    pub(crate) replicas: Vec<M>,
-    /// Copies whose running states are their own, with the number of replicas using each.
-    own: Vec<(M, usize)>,
-    /// How many replicas read and update the module's own running states.
-    shared: usize,
-    /// The ids of the module's running states (empty unless some copy has its own).
-    states: HashSet<ParamId>,
-    /// Whether a replica on another device shares the module's running states: its forward
-    /// moves them with Burn's `to_device` on its worker thread, out of this crate's reach.
-    pub(crate) shared_elsewhere: bool,
-    _backend: core::marker::PhantomData<B>,
+/// How the replicas' parameters are tied to the module's.
+pub(crate) enum Links<'a, B: Backend> {
+    /// The module's own graph nodes (moved with a differentiable transfer): Burn's backward
+    /// of the caller's graph reaches them.
+    Shared,
+    /// Leaves of each replica's own graph whose gradients go to the module's parameters.
+    Graphs(&'a dyn ReplicaGraphs<B>),
+    /// Fresh leaves of each replica's own graph, tied to nothing: the replica's own training
+    /// step computes their gradients.
+    Independent,
 }
 
-/// [`replicate_with_buckets`] for a forward: with `own_states`, replicas on a device that the
-/// module is not on get running states of their own, one set per device (one per replica
-/// after the first with `per_replica`, for tests on one device), which [`Replicas::fold`]
-/// folds back into the module's after the forward.
-///
-/// With `graphs`, each replica's trainable parameters are its own leaves, taps of
-/// [`ReplicaGraphs::input`] whose gradients go to the module's parameters: the transfers carry
-/// plain values, and no graph is shared between replicas.
-pub(crate) fn replicate_for_forward<B: ConcatBackend, M: Module<B>>(
+impl<B: Backend> Clone for Links<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for Links<'_, B> {}
+
+/// The replicas of one step on `devices` (shard order), and the plan of their running states
+/// (see [`RunningStates::plan`]).
+pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
     module: &M,
     devices: &[B::Device],
     bucket_size: usize,
     own_states: Option<OwnStates<M>>,
     per_replica: bool,
-    graphs: Option<&dyn ReplicaGraphs<B>>,
-) -> Replicas<B, M> {
-    let module = match (devices.len(), graphs) {
-        (1, _) | (_, Some(_)) => module.clone(),
-        _ => {
-            let mut anchor = Anchor { nodes: Vec::new() };
-            let module = module.clone().map(&mut anchor);
-            anchor.join();
-            module
-        }
+    links: Links<'_, B>,
+) -> (Vec<M>, RunningStates<B, M>) {
+    let module = match (links, devices.len()) {
+        (Links::Shared, 2..) => anchored(module),
+        _ => module.clone(),
     };
-    let home = module.devices();
-    // Running states are untracked float tensors; a module without any needs no own sets.
-    let untracked = !Shapes::of(&module).is_empty();
-    // Which set of running states each replica uses: `None` for the module's, `Some(k)` for
-    // the own set `k`, which lives on `own_devices[k]`.
-    let mut own_devices: Vec<&B::Device> = Vec::new();
-    let groups: Vec<Option<usize>> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            let own = match own_states {
-                Some(_) if devices.len() > 1 && untracked => {
-                    (per_replica && i > 0) || !home.contains(device)
-                }
-                _ => false,
-            };
-            own.then(|| match own_devices.iter().position(|d| *d == device) {
-                Some(k) if !per_replica => k,
-                _ => {
-                    own_devices.push(device);
-                    own_devices.len() - 1
-                }
-            })
-        })
-        .collect();
-    // Only a copy mapped onto a device the module is not on can move shared states.
-    let elsewhere = devices
-        .iter()
-        .zip(&groups)
-        .any(|(device, group)| group.is_none() && !home.contains(device));
-    let noted = (devices.len() > 1 && elsewhere && untracked).then(|| States::note(&module));
-    let mut states = HashSet::new();
-    let sources: Vec<M> = match own_states {
-        Some(fresh) if !own_devices.is_empty() => {
-            let tensors = Tensors::of(&module);
-            own_devices
-                .iter()
-                .enumerate()
-                .map(|(k, _)| {
-                    let copy = fresh(&module);
-                    if k == 0 {
-                        states = running_states(&copy);
-                    }
-                    copy.map(&mut Adopt { tensors: &tensors })
-                })
-                .collect()
-        }
-        _ => Vec::new(),
+    let mut states = RunningStates::plan(&module, devices, own_states, per_replica);
+    let replicas = copies(&module, devices, bucket_size, &mut states, links);
+    (replicas, states)
+}
+
+/// One copy of `module` per device, from the module or the replica's own running-state set,
+/// tied to the module's parameters by `links`.
+fn copies<B: ConcatBackend, M: Module<B>>(
+    module: &M,
+    devices: &[B::Device],
+    bucket_size: usize,
+    states: &mut RunningStates<B, M>,
+    links: Links<'_, B>,
+) -> Vec<M> {
+    // Copies that are not the module's graph carry plain values; each replica then gets leaves.
+    let plain = |source: &M| match links {
+        Links::Shared => source.clone(),
+        _ => source.clone().map(&mut Detach),
     };
-    // With per-replica graphs the copies carry plain values; each replica then taps them.
-    let (module_plain, sources, targets) = match graphs {
-        Some(_) => (
-            module.clone().map(&mut Detach),
-            sources
-                .into_iter()
-                .map(|source| source.map(&mut Detach))
-                .collect(),
-            Tensors::of(&module).tracked_floats(),
-        ),
-        None => (module.clone(), sources, HashMap::new()),
+    let targets = match links {
+        Links::Shared => HashMap::new(),
+        _ => TrackedFloats::of(module),
     };
-    let mut copies: Vec<(&B::Device, Option<usize>, M)> = Vec::new();
-    let mut own: Vec<Option<(M, usize)>> = (0..sources.len()).map(|_| None).collect();
+    let mut made: Vec<(&B::Device, Option<usize>, M)> = Vec::new();
     let replicas = devices
         .iter()
-        .zip(&groups)
         .enumerate()
-        .map(|(replica, (device, &group))| {
-            let copy = match copies.iter().find(|(d, g, _)| *d == device && *g == group) {
+        .map(|(replica, device)| {
+            let group = states.group(replica);
+            let copy = match made.iter().find(|(d, g, _)| *d == device && *g == group) {
                 Some((_, _, copy)) => copy.clone(),
                 None => {
-                    let source = group.map_or(&module_plain, |k| &sources[k]);
-                    let copy = move_coalesced(source, device, bucket_size);
-                    copies.push((device, group, copy.clone()));
+                    let copy =
+                        move_coalesced(&plain(states.source(module, replica)), device, bucket_size);
+                    made.push((device, group, copy.clone()));
                     copy
                 }
             };
-            if let Some(k) = group {
-                // The source shares the copy's running states and holds only the module's own
-                // tensors: dropping it on this thread releases nothing a worker still needs
-                // (Fusion loses a tensor whose last reference is dropped on another thread
-                // while a worker's queued kernel still reads it).
-                own[k].get_or_insert_with(|| (sources[k].clone(), 0)).1 += 1;
-            }
-            match graphs {
-                Some(graphs) => copy.map(&mut Taps {
-                    graphs,
+            match links {
+                Links::Shared => copy,
+                Links::Graphs(graphs) => copy.map(&mut Leaves {
+                    graphs: Some(graphs),
                     replica,
                     targets: &targets,
                 }),
-                None => copy,
+                Links::Independent => copy.map(&mut Leaves {
+                    graphs: None,
+                    replica,
+                    targets: &targets,
+                }),
             }
         })
         .collect();
-    // A state put back is one a replica elsewhere shares and would move in its forward.
-    let shared_elsewhere = noted.is_some_and(|noted| noted.restore(&module));
-    Replicas {
-        replicas,
-        own: own.into_iter().flatten().collect(),
-        shared: groups.iter().filter(|group| group.is_none()).count(),
-        states,
-        shared_elsewhere,
-        _backend: core::marker::PhantomData,
+    states.restore(module);
+    replicas
+}
+
+/// A clone of `module` whose trainable parameters are joined into one autodiff graph, for
+/// replicas that add to the caller's graph from several threads (the single backward).
+///
+/// Every trainable parameter gets a graph node on the calling thread (a free reshape to its
+/// own shape), and all these nodes are joined by one graph node that has all of them as
+/// parents (no kernel runs): the replicas' forwards then only add nodes to that one graph and
+/// never merge two graphs, which Burn 0.21's graph locator can get wrong when threads race
+/// (a node registered by one thread lost while another merges its graph).
+fn anchored<B: ConcatBackend, M: Module<B>>(module: &M) -> M {
+    let mut anchor = Anchor { nodes: Vec::new() };
+    let module = module.clone().map(&mut anchor);
+    if anchor.nodes.len() >= 2 {
+        B::float_join_graphs(anchor.nodes);
     }
+    module
 }
 
-impl<B: ConcatBackend, M: Module<B>> Replicas<B, M> {
-    /// Folds the running states that replicas updated in their own sets into `module`'s,
-    /// whose replicas' updates are already synchronised (Burn's averaging): the result is
-    /// the mean over all replicas, as if all had shared one set.
-    ///
-    /// Computed as `h + Σ n/N (s - h)`, so that states no replica updated (inference) come
-    /// back bit for bit, on whole buffers: each own set comes home in one coalesced transfer
-    /// per dtype, and the arithmetic runs once per set and dtype, not once per state.
-    pub(crate) fn fold(self, module: &M, home: &B::Device) {
-        if self.own.is_empty() || self.states.is_empty() {
-            return;
-        }
-        let total = (self.shared + self.own.iter().map(|(_, n)| n).sum::<usize>()) as f64;
-        let base = Flat::of(module, &self.states);
-        let own: Vec<(HashMap<ParamId, Tensor<B, 1>>, usize)> = self
-            .own
-            .into_iter()
-            .map(|(copy, count)| {
-                // Averages the updates of the replicas that share this set.
-                let _ = copy.clone().into_record();
-                (Flat::of(&copy, &self.states).into_iter().collect(), count)
-            })
-            .collect();
-        let mut dtypes: Vec<DType> = Vec::new();
-        for (_, value) in &base {
-            if !dtypes.contains(&value.dtype()) {
-                dtypes.push(value.dtype());
-            }
-        }
-        let mut folded = HashMap::with_capacity(base.len());
-        for dtype in dtypes {
-            let members: Vec<usize> = (0..base.len())
-                .filter(|&i| base[i].1.dtype() == dtype)
-                .collect();
-            let counts: Vec<usize> = members.iter().map(|&i| base[i].1.dims()[0]).collect();
-            let length: usize = counts.iter().sum();
-            let start = kernels::coalesce(members.iter().map(|&i| base[i].1.clone()).collect());
-            // A state missing from a set counts as not updated there: the module's value,
-            // sent to the set's device.
-            let buffer = |set: &HashMap<ParamId, Tensor<B, 1>>, device: &B::Device| {
-                let pieces = members.iter().map(|&i| match set.get(&base[i].0) {
-                    Some(value) => value.clone(),
-                    None => kernels::move_split(base[i].1.clone(), &[base[i].1.dims()[0]], device)
-                        .pop()
-                        .expect("one piece"),
-                });
-                kernels::coalesce(pieces.collect())
-            };
-            let mut sum = start.clone();
-            for (flat, count) in &own {
-                let Some(device) = flat.values().next().map(Tensor::device) else {
-                    continue;
-                };
-                if device != *home {
-                    profile::count_move((length * dtype.size()) as u64);
-                }
-                let moved = kernels::move_split(buffer(flat, &device), &[length], home)
-                    .pop()
-                    .expect("one piece");
-                let step = moved.sub(start.clone()).mul_scalar(*count as f64 / total);
-                sum = sum.add(step);
-            }
-            for (&i, value) in members.iter().zip(kernels::uncoalesce(sum, &counts)) {
-                folded.insert(base[i].0, value);
-            }
-        }
-        let _ = module.clone().map(&mut SetStates { values: folded });
-    }
+/// Gives trainable parameters a graph node each and keeps those nodes.
+struct Anchor<B: Backend> {
+    nodes: Vec<FloatTensor<B>>,
 }
 
-/// The ids of `module`'s running states: the untracked float tensors that a mapped clone of
-/// the module changes in the module itself (Burn's `RunningState` shares its value with
-/// every clone; a parameter does not). Overwrites those states with placeholders.
-fn running_states<B: Backend, M: Module<B>>(module: &M) -> HashSet<ParamId> {
-    let before = Shapes::of(module);
-    let _ = module.clone().map(&mut Placeholders);
-    let after = Shapes::of(module);
-    before
-        .into_iter()
-        .filter(|(id, shape)| after.get(id) != Some(shape))
-        .map(|(id, _)| id)
-        .collect()
-}
-
-/// The shapes of a module's untracked, non-empty float tensors.
-struct Shapes {
-    shapes: HashMap<ParamId, Vec<usize>>,
-}
-
-impl Shapes {
-    fn of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
-        let mut shapes = Self {
-            shapes: HashMap::new(),
-        };
-        module.visit(&mut shapes);
-        shapes.shapes
-    }
-}
-
-impl<B: Backend> ModuleVisitor<B> for Shapes {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        if !tensor.is_require_grad() && tensor.shape().num_elements() > 0 {
-            self.shapes.insert(param.id, tensor.dims().to_vec());
-        }
-    }
-}
-
-/// Replaces untracked, non-empty float tensors by uninitialised ones one item longer.
-struct Placeholders;
-
-impl<B: Backend> ModuleMapper<B> for Placeholders {
+impl<B: Backend> ModuleMapper<B> for Anchor<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let tensor = param.val();
-        if tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
+        if !tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
             return param;
         }
         param.map(|tensor| {
-            let mut dims = tensor.dims();
-            dims[0] += 1;
-            Tensor::empty(dims, &tensor.device())
+            let dims = tensor.dims();
+            let node = tensor.reshape(dims);
+            // Quantized parameters are not trained; only float nodes need joining.
+            if let TensorPrimitive::Float(primitive) = node.clone().into_primitive() {
+                self.nodes.push(primitive);
+            }
+            node
         })
     }
 }
@@ -353,256 +206,60 @@ impl<B: Backend> ModuleMapper<B> for Detach {
     }
 }
 
-/// Gives a replica's copy of every trainable parameter a tap of the replica's graph.
-struct Taps<'a, B: Backend> {
-    graphs: &'a dyn ReplicaGraphs<B>,
-    replica: usize,
-    /// The module's trainable parameters, by id.
-    targets: &'a HashMap<ParamId, FloatTensor<B>>,
+/// The module's trainable float parameters, by id.
+struct TrackedFloats<B: Backend> {
+    found: HashMap<ParamId, TensorPrimitive<B>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Taps<'_, B> {
+impl<B: Backend> TrackedFloats<B> {
+    fn of<M: Module<B>>(module: &M) -> HashMap<ParamId, TensorPrimitive<B>> {
+        let mut tracked = Self {
+            found: HashMap::new(),
+        };
+        module.visit(&mut tracked);
+        tracked.found
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for TrackedFloats<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if tensor.is_require_grad() {
+            self.found.insert(param.id, tensor.into_primitive());
+        }
+    }
+}
+
+/// Makes a replica's copy of every trainable parameter a leaf of the replica's own graph:
+/// with `graphs`, one whose gradient goes to the module's parameter; without, a fresh one.
+struct Leaves<'a, B: Backend> {
+    graphs: Option<&'a dyn ReplicaGraphs<B>>,
+    replica: usize,
+    targets: &'a HashMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Leaves<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let Some(target) = self.targets.get(&param.id) else {
             return param;
         };
-        param.map(|value| match value.into_primitive() {
-            TensorPrimitive::Float(value) => Tensor::from_primitive(TensorPrimitive::Float(
-                self.graphs.input(self.replica, value, target),
-            )),
-            quantized => Tensor::from_primitive(quantized),
-        })
-    }
-}
-
-/// Every tensor of a module, by id.
-struct Tensors<B: Backend> {
-    floats: HashMap<ParamId, TensorPrimitive<B>>,
-    ints: HashMap<ParamId, IntTensor<B>>,
-    bools: HashMap<ParamId, BoolTensor<B>>,
-}
-
-impl<B: Backend> Tensors<B> {
-    fn of<M: Module<B>>(module: &M) -> Self {
-        let mut tensors = Self {
-            floats: HashMap::new(),
-            ints: HashMap::new(),
-            bools: HashMap::new(),
+        let Some(graphs) = self.graphs else {
+            // A new node for each replica: replicas that share a device share the copy's
+            // tensors, and a graph shared between threads would be merged by Burn while
+            // another replica's backward holds it (a lock-order deadlock in Burn 0.21).
+            return param.map(|value| value.detach().require_grad());
         };
-        module.visit(&mut tensors);
-        tensors
-    }
-}
-
-impl<B: Backend> Tensors<B> {
-    /// The tracked float tensors.
-    fn tracked_floats(self) -> HashMap<ParamId, FloatTensor<B>> {
-        self.floats
-            .into_iter()
-            .filter_map(|(id, tensor)| match tensor {
-                TensorPrimitive::Float(tensor) if B::float_is_require_grad(&tensor) => {
-                    Some((id, tensor))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-impl<B: Backend> ModuleVisitor<B> for Tensors<B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.floats.insert(param.id, param.val().into_primitive());
-    }
-
-    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.ints.insert(param.id, param.val().into_primitive());
-    }
-
-    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.bools.insert(param.id, param.val().into_primitive());
-    }
-}
-
-/// Gives a copy the module's tensors (parameters with their graph nodes, running states'
-/// values), matched by id; the copy keeps its own running-state containers.
-struct Adopt<'a, B: Backend> {
-    tensors: &'a Tensors<B>,
-}
-
-impl<B: Backend> ModuleMapper<B> for Adopt<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        match self.tensors.floats.get(&param.id) {
-            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
-            None => param,
-        }
-    }
-
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        match self.tensors.ints.get(&param.id) {
-            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
-            None => param,
-        }
-    }
-
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        match self.tensors.bools.get(&param.id) {
-            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
-            None => param,
-        }
-    }
-}
-
-/// A module's running states, flattened, in module order.
-struct Flat<'a, B: Backend> {
-    states: &'a HashSet<ParamId>,
-    found: Vec<(ParamId, Tensor<B, 1>)>,
-}
-
-impl<B: Backend> Flat<'_, B> {
-    fn of<M: Module<B>>(module: &M, states: &HashSet<ParamId>) -> Vec<(ParamId, Tensor<B, 1>)> {
-        let mut flat = Flat {
-            states,
-            found: Vec::new(),
-        };
-        module.visit(&mut flat);
-        flat.found
-    }
-}
-
-impl<B: Backend> ModuleVisitor<B> for Flat<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if self.states.contains(&param.id) {
-            let tensor = param.val();
-            let elements = tensor.shape().num_elements();
-            self.found.push((param.id, tensor.reshape([elements])));
-        }
-    }
-}
-
-/// Writes new values into a module's running states (shared by all its clones).
-struct SetStates<B: Backend> {
-    values: HashMap<ParamId, Tensor<B, 1>>,
-}
-
-impl<B: Backend> ModuleMapper<B> for SetStates<B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        match self.values.remove(&param.id) {
-            Some(value) => param.map(|tensor| value.reshape(tensor.dims())),
-            None => param,
-        }
-    }
-}
-
-/// The untracked float tensors of a module (running states, frozen parameters) where they
-/// were before replicas were made.
-///
-/// Burn's `RunningState` (batch-norm statistics) keeps its value behind an `Arc` that every
-/// clone of a module shares, so mapping a copy onto another device moves the value of the
-/// original and of every other replica too. [`States::restore`] puts such values back, so
-/// that they stay on the module's device: replicas on that device then read them with no
-/// transfer, and the wrapped module is not left with statistics scattered over the GPUs.
-struct States<B: Backend> {
-    tensors: HashMap<ParamId, TensorPrimitive<B>>,
-}
-
-impl<B: Backend> States<B> {
-    fn note<M: Module<B>>(module: &M) -> Self {
-        let mut states = Self {
-            tensors: HashMap::new(),
-        };
-        module.visit(&mut states);
-        states
-    }
-
-    /// Puts back every noted value that a replica moved to another device; the noted tensors
-    /// are the moved values' sources, so nothing is copied.
-    /// Returns whether any value was put back.
-    fn restore<M: Module<B>>(self, module: &M) -> bool {
-        let mut restore = Restore {
-            tensors: self.tensors,
-            restored: false,
-        };
-        let _ = module.clone().map(&mut restore);
-        restore.restored
-    }
-}
-
-impl<B: Backend> ModuleVisitor<B> for States<B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        if !tensor.is_require_grad() {
-            self.tensors.insert(param.id, tensor.into_primitive());
-        }
-    }
-}
-
-struct Restore<B: Backend> {
-    tensors: HashMap<ParamId, TensorPrimitive<B>>,
-    restored: bool,
-}
-
-impl<B: Backend> ModuleMapper<B> for Restore<B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let Some(noted) = self.tensors.remove(&param.id) else {
-            return param;
-        };
-        let noted = Tensor::<B, D>::from_primitive(noted);
-        param.map(|tensor| {
-            if tensor.device() == noted.device() {
-                tensor
-            } else {
-                self.restored = true;
-                noted
+        param.map(|value| match (value.into_primitive(), target) {
+            (TensorPrimitive::Float(value), TensorPrimitive::Float(target)) => {
+                Tensor::from_primitive(TensorPrimitive::Float(graphs.leaf(
+                    self.replica,
+                    value,
+                    target,
+                    Part::Whole,
+                )))
             }
+            (value, _) => Tensor::from_primitive(value),
         })
-    }
-}
-
-/// Moves every float tensor of `module` that is not on `device` back there, in place: what
-/// reaches the module's running states, which its clones share. The sources are not fenced;
-/// the caller fences the devices involved.
-///
-/// After the replicas' forwards, Burn averages batch-norm statistics on whichever replica's
-/// device comes first; this brings them back to the module's device.
-pub(crate) fn bring_states_home<B: ConcatBackend, M: Module<B>>(module: &M, device: &B::Device) {
-    let mut away = Away {
-        device,
-        found: false,
-    };
-    module.visit(&mut away);
-    if away.found {
-        B::fence_receive(device);
-        let _ = module.clone().map(&mut Home { device });
-    }
-}
-
-struct Away<'a, B: Backend> {
-    device: &'a B::Device,
-    found: bool,
-}
-
-impl<B: Backend> ModuleVisitor<B> for Away<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.found |= param.val().device() != *self.device;
-    }
-}
-
-struct Home<'a, B: Backend> {
-    device: &'a B::Device,
-}
-
-impl<B: Backend> ModuleMapper<B> for Home<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if param.val().device() == *self.device {
-            return param;
-        }
-        param.map(|tensor| tensor.to_device(self.device))
     }
 }
 
@@ -614,40 +271,8 @@ struct Outgoing<B: Backend> {
     tracked: bool,
 }
 
-/// The buckets for parameters of `(dtype, tracked, bytes)`: groups of positions, in order.
-///
-/// Parameters with the same dtype and tracking are packed in order into buckets of at most
-/// `bucket_size` bytes; a parameter larger than that gets a bucket of its own.
-pub(crate) fn plan_buckets(params: &[(DType, bool, usize)], bucket_size: usize) -> Vec<Vec<usize>> {
-    let mut groups: Vec<((DType, bool), Vec<usize>)> = Vec::new();
-    for (i, (dtype, tracked, _)) in params.iter().enumerate() {
-        let key = (*dtype, *tracked);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((key, vec![i])),
-        }
-    }
-    let mut buckets = Vec::new();
-    for (_, members) in groups {
-        let mut bucket: Vec<usize> = Vec::new();
-        let mut bytes = 0;
-        for i in members {
-            let size = params[i].2;
-            if !bucket.is_empty() && bytes + size > bucket_size {
-                buckets.push(std::mem::take(&mut bucket));
-                bytes = 0;
-            }
-            bucket.push(i);
-            bytes += size;
-        }
-        if !bucket.is_empty() {
-            buckets.push(bucket);
-        }
-    }
-    buckets
-}
-
-/// A copy of `module` on `device`, float parameters moved in coalesced buckets.
+/// A copy of `module` on `device`, float parameters moved in coalesced buckets; the module
+/// itself (a clone) when everything is there already.
 fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     module: &M,
     device: &B::Device,
@@ -672,7 +297,6 @@ fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
     };
     module.visit(&mut collect);
     if collect.outgoing.is_empty() && !collect.others_elsewhere {
-        // Everything is on `device` already: the copy shares it all, no mapping needed.
         return module.clone();
     }
     let outgoing = collect.outgoing;
@@ -681,15 +305,9 @@ fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
         .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
         .collect();
     let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
-    for bucket in plan_buckets(&layout, bucket_size) {
-        let counts: Vec<usize> = bucket.iter().map(|&i| outgoing[i].flat.dims()[0]).collect();
+    for bucket in comm::plan_buckets(&layout, bucket_size) {
         let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
-        let buffer = kernels::coalesce(flats);
-        let bytes: usize = bucket.iter().map(|&i| layout[i].2).sum();
-        profile::count_move(bytes as u64);
-        profile::count_broadcast_transfer();
-        let pieces = kernels::move_split(buffer, &counts, device);
-        for (&i, piece) in bucket.iter().zip(pieces) {
+        for (&i, piece) in bucket.iter().zip(comm::move_coalesced(flats, device)) {
             arrived.insert(outgoing[i].id, piece);
         }
     }
@@ -736,6 +354,35 @@ impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
     }
 }
 
+/// Puts the moved float parameters in place and moves the rest one by one.
+struct MoveTo<'a, B: ConcatBackend> {
+    device: &'a B::Device,
+    arrived: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.arrived.remove(&param.id) {
+            Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),
+            None => param.map(|tensor| comm::move_to(tensor, self.device)),
+        }
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        param.map(|tensor| comm::move_to(tensor, self.device))
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        param.map(|tensor| comm::move_to(tensor, self.device))
+    }
+}
+
 /// Initialises every lazy parameter of `module` in place.
 ///
 /// A lazy parameter that is cloned before initialisation initialises separately in each clone
@@ -761,131 +408,11 @@ impl<B: Backend> ModuleVisitor<B> for Initialize {
     }
 }
 
-/// Gives trainable parameters a graph node each and keeps those nodes.
-struct Anchor<B: Backend> {
-    nodes: Vec<FloatTensor<B>>,
-}
-
-impl<B: ConcatBackend> Anchor<B> {
-    /// Joins the graphs of all anchored parameters with one graph node that has every
-    /// parameter's node as a parent ([`ConcatBackend::float_join_graphs`]); no kernel runs.
-    fn join(self) {
-        if self.nodes.len() >= 2 {
-            B::float_join_graphs(self.nodes);
-        }
-    }
-}
-
-impl<B: Backend> ModuleMapper<B> for Anchor<B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let tensor = param.val();
-        if !tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
-            return param;
-        }
-        param.map(|tensor| {
-            let dims = tensor.dims();
-            let node = tensor.reshape(dims);
-            // Quantized parameters are not trained; only float nodes need joining.
-            if let TensorPrimitive::Float(primitive) = node.clone().into_primitive() {
-                self.nodes.push(primitive);
-            }
-            node
-        })
-    }
-}
-
-/// Puts the moved float parameters in place and moves the rest one by one.
-struct MoveTo<'a, B: ConcatBackend> {
-    device: &'a B::Device,
-    arrived: HashMap<ParamId, Tensor<B, 1>>,
-}
-
-impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        match self.arrived.remove(&param.id) {
-            Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),
-            None => param.map(|tensor| ops::move_to(tensor, self.device)),
-        }
-    }
-
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        param.map(|tensor| ops::move_to(tensor, self.device))
-    }
-
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        param.map(|tensor| ops::move_to(tensor, self.device))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend;
     use burn::backend::{Autodiff, Flex};
-
-    const F32: DType = DType::F32;
-
-    #[test]
-    fn buckets_pack_in_order_up_to_the_size() {
-        let params = [
-            (F32, true, 40),
-            (F32, true, 40),
-            (F32, true, 30),
-            (F32, true, 10),
-        ];
-        assert_eq!(plan_buckets(&params, 80), vec![vec![0, 1], vec![2, 3]]);
-        assert_eq!(plan_buckets(&params, 1000), vec![vec![0, 1, 2, 3]]);
-    }
-
-    #[test]
-    fn a_parameter_larger_than_the_size_gets_its_own_bucket() {
-        let params = [(F32, true, 10), (F32, true, 500), (F32, true, 10)];
-        assert_eq!(plan_buckets(&params, 100), vec![vec![0], vec![1], vec![2]]);
-    }
-
-    #[test]
-    fn size_zero_moves_every_parameter_alone() {
-        let params = [(F32, true, 4); 3];
-        assert_eq!(plan_buckets(&params, 0), vec![vec![0], vec![1], vec![2]]);
-    }
-
-    #[test]
-    fn buckets_never_mix_dtypes_or_tracking() {
-        let params = [
-            (F32, true, 4),
-            (DType::BF16, true, 2),
-            (F32, false, 4),
-            (F32, true, 4),
-            (DType::BF16, true, 2),
-        ];
-        assert_eq!(
-            plan_buckets(&params, 1 << 20),
-            vec![vec![0, 3], vec![1, 4], vec![2]]
-        );
-    }
-
-    #[test]
-    fn every_parameter_is_in_exactly_one_bucket() {
-        let params: Vec<(DType, bool, usize)> = (0..50)
-            .map(|i| {
-                (
-                    if i % 7 == 0 { DType::F16 } else { F32 },
-                    i % 5 != 0,
-                    4 * (1 + i * 13 % 17),
-                )
-            })
-            .collect();
-        for size in [0, 1, 16, 100, 1000] {
-            let mut seen: Vec<usize> = plan_buckets(&params, size).concat();
-            seen.sort();
-            assert_eq!(seen, (0..50).collect::<Vec<_>>(), "bucket size {size}");
-        }
-    }
 
     type B = Autodiff<Flex>;
 
@@ -973,8 +500,8 @@ mod tests {
             })
             .collect();
         let counts: Vec<usize> = params.iter().map(|p| p.dims()[0]).collect();
-        let buffer = kernels::coalesce(params.clone());
-        let pieces = kernels::move_split(buffer, &counts, &device);
+        let buffer = backend::coalesce(params.clone());
+        let pieces = backend::move_split(buffer, &counts, &device);
         for (piece, param) in pieces.iter().zip(&params) {
             let (a, b) = (piece.to_data(), param.to_data());
             assert_eq!(a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());

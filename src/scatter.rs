@@ -1,9 +1,12 @@
 //! Splitting a batch into one shard per replica.
 
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash};
+
 use burn::tensor::{Tensor, backend::Backend};
 
-use crate::kernels::ConcatKind;
-use crate::{DataParallelError, Shards, ops};
+use crate::backend::{ConcatKind, Part, comm};
+use crate::{DataParallelError, Shards};
 
 /// A value that can be split into one shard per replica.
 ///
@@ -49,11 +52,12 @@ pub trait Scatter<B: Backend>: Sized {
     fn scatter(self, shards: &Shards<B>) -> Vec<Self>;
 }
 
-/// Combines the batch sizes of two parts of one input.
+/// Combines the batch sizes of two parts of one input (used by [`impl_scatter!`](crate::impl_scatter)).
 ///
 /// # Errors
 ///
 /// [`DataParallelError::BatchSizeMismatch`] when both are known and differ.
+#[doc(hidden)]
 pub fn merge_batch_size(
     first: Option<usize>,
     second: Option<usize>,
@@ -81,16 +85,22 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
     }
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
-        ops::split(self, shards.sizes(), shards.dim())
+        let Some(graphs) = shards.graphs() else {
+            return comm::split(self, shards.sizes(), shards.dim())
+                .into_iter()
+                .zip(shards.devices())
+                .map(|(piece, device)| comm::move_to(piece, device))
+                .collect();
+        };
+        // Each replica's rows start a graph of its own, with their gradient going to `self`.
+        let part = Part::Rows { dim: shards.dim() };
+        comm::split(K::detach(self.clone()), shards.sizes(), shards.dim())
             .into_iter()
             .zip(shards.devices())
             .enumerate()
-            .map(|(replica, (part, device))| {
-                let part = ops::move_to(part, device);
-                match shards.graphs() {
-                    Some(graphs) => K::replica_input(part, graphs, replica),
-                    None => part,
-                }
+            .map(|(replica, (piece, device))| {
+                let piece = comm::move_to(piece, device);
+                K::replica_leaf(piece, &self, graphs, replica, part)
             })
             .collect()
     }
@@ -179,6 +189,108 @@ scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4);
 scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5);
 scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6);
 scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);
+
+impl<B: Backend, K: Ord + Clone, V: Scatter<B>> Scatter<B> for BTreeMap<K, V> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        self.values().try_fold(None, |size, value| {
+            merge_batch_size(size, value.batch_size(dim)?, dim)
+        })
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        let mut parts: Vec<Self> = (0..shards.len()).map(|_| BTreeMap::new()).collect();
+        for (key, value) in self {
+            for (part, piece) in parts.iter_mut().zip(value.scatter(shards)) {
+                part.insert(key.clone(), piece);
+            }
+        }
+        parts
+    }
+}
+
+impl<B, K, V, S> Scatter<B> for HashMap<K, V, S>
+where
+    B: Backend,
+    K: Eq + Hash + Clone,
+    V: Scatter<B>,
+    S: BuildHasher + Clone,
+{
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        self.values().try_fold(None, |size, value| {
+            merge_batch_size(size, value.batch_size(dim)?, dim)
+        })
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        let hasher = self.hasher().clone();
+        let mut parts: Vec<Self> = (0..shards.len())
+            .map(|_| HashMap::with_capacity_and_hasher(self.len(), hasher.clone()))
+            .collect();
+        for (key, value) in self {
+            for (part, piece) in parts.iter_mut().zip(value.scatter(shards)) {
+                part.insert(key.clone(), piece);
+            }
+        }
+        parts
+    }
+}
+
+/// A tensor given whole to every replica, on the replica's device, rather than split: a
+/// lookup table, a set of class prototypes, a learnable value used by every shard's loss.
+///
+/// Under `Autodiff`, the replicas' gradients of a tracked tensor are summed back into it, as
+/// for a parameter. This is the way for a replica's forward to use a tracked tensor that is
+/// not part of the batch: a tracked tensor captured by the forward closure instead is outside
+/// the replica's graph.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{Broadcast, DataParallel};
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
+/// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+/// let scale = Tensor::<B, 2>::ones([1, 3], &device).require_grad();
+/// let x = Tensor::<B, 2>::ones([6, 4], &device);
+/// let y = dp.forward_with((x, Broadcast(scale.clone())), |m, (x, Broadcast(s))| {
+///     m.forward(x) * s
+/// });
+/// let grads = y.sum().backward();
+/// assert_eq!(scale.grad(&grads).unwrap().dims(), [1, 3]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Broadcast<T>(pub T);
+
+impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tensor<B, D, K>> {
+    fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+        Ok(None)
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        let Broadcast(tensor) = self;
+        let value = match shards.graphs() {
+            Some(_) => K::detach(tensor.clone()),
+            None => tensor.clone(),
+        };
+        shards
+            .devices()
+            .iter()
+            .enumerate()
+            .map(|(replica, device)| {
+                let copy = comm::move_to(value.clone(), device);
+                Broadcast(match shards.graphs() {
+                    Some(graphs) => K::replica_leaf(copy, &tensor, graphs, replica, Part::Whole),
+                    None => copy,
+                })
+            })
+            .collect()
+    }
+}
 
 /// A value given unchanged to every replica.
 ///

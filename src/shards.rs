@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 
 use crate::DataParallelError;
-use crate::kernels::ReplicaGraphs;
+use crate::backend::ReplicaGraphs;
 
 /// The shards of one forward: which replicas run, on which devices, with how many items each.
 ///

@@ -1,82 +1,318 @@
-//! burn-train integration: a [`DataParallel`] is a model the `Learner` can train.
+//! burn-train integration: under the `Learner`, the wrapper runs the model's own
+//! [`TrainStep`] and [`InferenceStep`] on every replica.
 //!
-//! The wrapped model implements [`Forward`] with the output of its training step (for example
-//! [`ClassificationOutput`]); the wrapper's [`TrainStep`] runs that forward on every replica,
-//! gathers the outputs, and runs the backward pass on the gathered loss, and its
-//! [`InferenceStep`] runs the forward alone. burn-train's output types gather their loss as a
-//! shard-size-weighted mean and concatenate the rest.
+//! A training step scatters the batch, gives every replica a copy of the parameters as
+//! leaves of its own graph, and runs the model's `TrainStep::step` on each replica's worker
+//! with its shard: the model's forward, its loss (penalties, auxiliary terms and all) and its
+//! backward, on the replica's device. The replicas' gradients are then combined on the
+//! output device (weighted by shard size for a mean-reduced loss, see [`LossReduction`]) and
+//! their outputs gathered for the metrics. `TrainStep::optimize` is the model's own too.
 
-use burn::module::AutodiffModule;
-use burn::module::Module;
-use burn::tensor::Tensor;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use std::marker::PhantomData;
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn::train::{
-    ClassificationOutput, InferenceStep, ItemLazy, MultiLabelClassificationOutput,
-    RegressionOutput, SequenceOutput, TrainOutput, TrainStep,
+    ClassificationOutput, InferenceStep, MultiLabelClassificationOutput, RegressionOutput,
+    SequenceOutput, TrainOutput, TrainStep,
 };
 
-use std::convert::Infallible;
-
+use crate::backend::comm::{self, Combine, Target};
+use crate::backend::{ConcatBackend, DataParallelBackend};
+use crate::config::Settings;
 use crate::data_parallel::own_states;
-use crate::kernels::ConcatBackend;
-use crate::{DataParallel, DataParallelError, Forward, Gather, Mean, Shards};
-
-/// The output of a training forward: it holds the loss to run the backward pass from.
-///
-/// Implemented for burn-train's output types; implement it for a custom output of a model's
-/// [`Forward`] to train that model through [`TrainStep`].
-pub trait StepOutput<B: Backend> {
-    /// The loss, reduced to one value.
-    fn loss(&self) -> Tensor<B, 1>;
-}
+use crate::profile::Stage;
+use crate::replicate::Links;
+use crate::running_states::OwnStates;
+use crate::step::{self, Step};
+use crate::{DataParallel, DataParallelError, Gather, LossReduction, Mean, Scatter, Shards};
 
 impl<B, M> TrainStep for DataParallel<B, M>
 where
-    B: AutodiffBackend + ConcatBackend,
-    M: Forward<B> + AutodiffModule<B>,
-    M::Input: 'static,
-    M::Output: StepOutput<B> + ItemLazy + 'static,
+    B: DataParallelBackend,
+    M: TrainStep + AutodiffModule<B>,
+    M::Input: Scatter<B>,
+    M::Output: Gather<B> + Send,
 {
     type Input = M::Input;
     type Output = M::Output;
 
-    /// Runs the forward on every replica, gathers the outputs and computes the gradients of
-    /// the gathered loss.
+    /// Runs the model's own training step on every replica with its shard and combines the
+    /// replicas' gradients and outputs (see the module docs).
     ///
     /// # Panics
     ///
-    /// When the forward fails (a [`DataParallelError`]): `TrainStep` has no error channel.
+    /// When a replica's step fails or the outputs do not gather (a [`DataParallelError`]):
+    /// `TrainStep` has no error channel.
     fn step(&self, item: M::Input) -> TrainOutput<M::Output> {
-        let own_states = self.own_states.or(Some(own_states::<B, M>));
-        let output = self
-            .run(
-                item,
-                |replica, shard| Ok::<_, Infallible>(Forward::forward(replica, shard)),
-                own_states,
-            )
-            .unwrap_or_else(|error| panic!("{error}"));
-        let grads = output.loss().backward();
-        TrainOutput::new(self, grads, output)
+        train_step(self, item).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Runs the model's own `optimize` with the Learner's optimizer.
+    fn optimize<B2, O>(self, optim: &mut O, lr: f64, grads: GradientsParams) -> Self
+    where
+        B2: AutodiffBackend,
+        O: Optimizer<Self, B2>,
+        Self: AutodiffModule<B2>,
+    {
+        let (module, mut bare) = Bare::new(self, optim);
+        let module = module.optimize::<B, _>(&mut bare, lr, grads);
+        bare.finish(module, optim)
+    }
+
+    /// Runs the model's own `optimize_multi` with the Learner's optimizer.
+    fn optimize_multi<B2, O>(self, optim: &mut O, lr: f64, grads: MultiGradientsParams) -> Self
+    where
+        B2: AutodiffBackend,
+        O: Optimizer<Self, B2>,
+        Self: AutodiffModule<B2>,
+    {
+        let (module, mut bare) = Bare::new(self, optim);
+        let module = module.optimize_multi::<B, _>(&mut bare, lr, grads);
+        bare.finish(module, optim)
     }
 }
 
 impl<B, M> InferenceStep for DataParallel<B, M>
 where
     B: ConcatBackend,
-    M: Forward<B> + Module<B>,
-    M::Input: 'static,
-    M::Output: ItemLazy + 'static,
+    M: InferenceStep + Module<B>,
+    M::Input: Scatter<B>,
+    M::Output: Gather<B> + Send,
 {
     type Input = M::Input;
     type Output = M::Output;
 
-    /// Runs the forward on every replica and gathers the outputs.
+    /// Runs the model's own inference step on every replica and gathers the outputs.
     ///
     /// # Panics
     ///
-    /// When the forward fails (a [`DataParallelError`]): `InferenceStep` has no error channel.
+    /// When a replica's step fails or the outputs do not gather (a [`DataParallelError`]):
+    /// `InferenceStep` has no error channel.
     fn step(&self, item: M::Input) -> M::Output {
-        self.forward(item)
+        step::forward(
+            self,
+            item,
+            |replica, shard| Ok::<_, std::convert::Infallible>(InferenceStep::step(replica, shard)),
+            self.own_states,
+        )
+        .unwrap_or_else(|error| panic!("{error}"))
+    }
+}
+
+/// The wrapper's training step: the model's own step on every replica.
+fn train_step<B, M>(
+    dp: &DataParallel<B, M>,
+    item: M::Input,
+) -> Result<TrainOutput<M::Output>, DataParallelError>
+where
+    B: DataParallelBackend,
+    M: TrainStep + AutodiffModule<B>,
+    M::Input: Scatter<B>,
+    M::Output: Gather<B> + Send,
+{
+    let step = Step::new(dp, dp.shards(&item)?, false)?;
+    if step.direct(dp) {
+        return Ok(TrainStep::step(&dp.module, item));
+    }
+    let inputs = step.stage(Stage::Scatter, || item.scatter(&step.shards));
+    let own = dp.own_states.or(Some(own_states::<B, M>));
+    let (replicas, states) = step.stage(Stage::Replicate, || {
+        step.replicate(dp, own, Links::Independent)
+    })?;
+    let results = step.apply(replicas, inputs, &|replica: &M, (shard, input)| {
+        step.replica(shard, || Ok(TrainStep::step(replica, input)))
+    });
+    step.stage(Stage::RunningStates, || step.finish_states(dp, states));
+    let (grads, items): (Vec<_>, Vec<_>) = step
+        .outputs(results)?
+        .into_iter()
+        .map(|output| (output.grads, output.item))
+        .unzip();
+    let weights = match dp.settings.loss_reduction {
+        LossReduction::Mean => Some(share(&step.shards)),
+        LossReduction::Sum => None,
+    };
+    let grads = step.stage(Stage::Gather, || {
+        combine::<B, M>(&dp.module, grads, weights.as_deref())
+    });
+    let item = step.stage(Stage::Gather, || M::Output::gather(items, &step.shards))?;
+    Ok(TrainOutput { grads, item })
+}
+
+/// Each shard's share of the batch.
+fn share<B: ConcatBackend>(shards: &Shards<B>) -> Vec<f64> {
+    let total = shards.batch_size() as f64;
+    shards.sizes().iter().map(|&n| n as f64 / total).collect()
+}
+
+/// The replicas' gradients of `module`'s parameters, combined on the parameters' devices:
+/// replica `r`'s scaled by `weights[r]` when given, then summed.
+fn combine<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    mut replicas: Vec<GradientsParams>,
+    weights: Option<&[f64]>,
+) -> GradientsParams
+where
+    B::InnerBackend: ConcatBackend,
+{
+    let mut take = Take::<B> {
+        replicas: &mut replicas,
+        grads: Vec::new(),
+        targets: Vec::new(),
+    };
+    module.visit(&mut take);
+    let Take { grads, targets, .. } = take;
+    let per_replica = (0..replicas.len())
+        .map(|r| grads.iter().map(|param| param[r].clone()).collect())
+        .collect();
+    let log = comm::current_log();
+    let totals = comm::reduce_add_coalesced::<B::InnerBackend>(
+        per_replica,
+        &targets,
+        weights,
+        log.as_deref(),
+    );
+    let mut put = Put::<B, _> {
+        totals: totals.into_iter(),
+        grads: GradientsParams::new(),
+        _backend: PhantomData,
+    };
+    module.visit(&mut put);
+    put.grads
+}
+
+/// Takes every replica's gradient of each trainable parameter, in visiting order.
+struct Take<'a, B: AutodiffBackend> {
+    replicas: &'a mut [GradientsParams],
+    /// Per parameter, each replica's gradient.
+    grads: Vec<Vec<Option<FloatTensor<B::InnerBackend>>>>,
+    targets: Vec<Target<B::Device>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if !tensor.is_require_grad() {
+            return;
+        }
+        let grads = self
+            .replicas
+            .iter_mut()
+            .map(|replica| {
+                replica
+                    .remove::<B::InnerBackend, D>(param.id)
+                    .and_then(|grad| match grad.into_primitive() {
+                        TensorPrimitive::Float(grad) => Some(grad),
+                        TensorPrimitive::QFloat(_) => None,
+                    })
+            })
+            .collect();
+        self.grads.push(grads);
+        self.targets.push(Target {
+            device: tensor.device(),
+            combine: Combine::Sum,
+        });
+    }
+}
+
+/// Registers the combined gradients, in the visiting order of [`Take`].
+struct Put<B: AutodiffBackend, I> {
+    totals: I,
+    grads: GradientsParams,
+    _backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend, I> ModuleVisitor<B> for Put<B, I>
+where
+    I: Iterator<Item = Option<FloatTensor<B::InnerBackend>>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.val().is_require_grad() {
+            return;
+        }
+        if let Some(Some(total)) = self.totals.next() {
+            let total = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(total));
+            self.grads.register::<B::InnerBackend, D>(param.id, total);
+        }
+    }
+}
+
+/// The Learner's optimizer, seen by the model's own `optimize` as an optimizer of the bare
+/// model: each step wraps the model again (same parameters, same ids) and steps the wrapper.
+struct Bare<B: AutodiffBackend, B2, M, O> {
+    optim: O,
+    settings: Settings<B::Device>,
+    own_states: Option<OwnStates<M>>,
+    _backend: PhantomData<B2>,
+}
+
+impl<B: AutodiffBackend, B2, M, O: Clone> Clone for Bare<B, B2, M, O> {
+    fn clone(&self) -> Self {
+        Self {
+            optim: self.optim.clone(),
+            settings: self.settings.clone(),
+            own_states: self.own_states,
+            _backend: PhantomData,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, B2, M, O: Clone> Bare<B, B2, M, O> {
+    fn new(dp: DataParallel<B, M>, optim: &O) -> (M, Self) {
+        let bare = Self {
+            optim: optim.clone(),
+            settings: dp.settings,
+            own_states: dp.own_states,
+            _backend: PhantomData,
+        };
+        (dp.module, bare)
+    }
+
+    fn wrap(&self, module: M) -> DataParallel<B, M> {
+        DataParallel {
+            module,
+            settings: self.settings.clone(),
+            own_states: self.own_states,
+        }
+    }
+
+    /// The wrapper of `module`, with the optimizer's state written back to `optim`.
+    fn finish(self, module: M, optim: &mut O) -> DataParallel<B, M> {
+        let dp = self.wrap(module);
+        *optim = self.optim;
+        dp
+    }
+}
+
+impl<B, B2, M, O> Optimizer<M, B> for Bare<B, B2, M, O>
+where
+    B: AutodiffBackend,
+    B2: AutodiffBackend,
+    M: AutodiffModule<B>,
+    DataParallel<B, M>: AutodiffModule<B2>,
+    O: Optimizer<DataParallel<B, M>, B2>,
+{
+    /// The Learner saves the optimizer's own record, not this view's.
+    type Record = ();
+
+    fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        let dp = self.wrap(module);
+        self.optim.step(lr, dp, grads).module
+    }
+
+    fn step_multi(&mut self, lr: f64, module: M, grads: MultiGradientsParams) -> M {
+        let dp = self.wrap(module);
+        self.optim.step_multi(lr, dp, grads).module
+    }
+
+    fn to_record(&self) -> Self::Record {}
+
+    fn load_record(self, _record: Self::Record) -> Self {
+        self
     }
 }
 
@@ -89,8 +325,8 @@ fn gather_loss<B: ConcatBackend>(
     Ok(Mean::gather(losses, shards)?.0)
 }
 
-/// Implements [`Gather`] and [`StepOutput`] for a burn-train output type: `loss` is a mean,
-/// the other fields are gathered as they are.
+/// Implements [`Gather`] for a burn-train output type: `loss` is a mean, the other fields
+/// are gathered as they are.
 macro_rules! train_output {
     ($name:ident { $($field:ident),+ }) => {
         impl<B: ConcatBackend> Gather<B> for $name<B> {
@@ -105,12 +341,6 @@ macro_rules! train_output {
                     loss: gather_loss(loss, shards)?,
                     $($field: Gather::gather($field, shards)?,)+
                 })
-            }
-        }
-
-        impl<B: Backend> StepOutput<B> for $name<B> {
-            fn loss(&self) -> Tensor<B, 1> {
-                self.loss.clone()
             }
         }
     };

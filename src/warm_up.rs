@@ -6,10 +6,10 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::backend::ConcatBackend;
 use crate::data_parallel::own_states;
-use crate::kernels::ConcatBackend;
 use crate::profile::synchronize;
-use crate::{DataParallel, DataParallelError, Scatter, Sum};
+use crate::{DataParallel, DataParallelError, Scatter, Sum, step};
 
 /// What [`DataParallel::warm_up`] did and how long it took.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,13 +76,14 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
     {
         let shards = self.shards(&sample)?;
         let mut devices = shards.devices().to_vec();
-        devices.push(self.output_device.clone());
+        devices.push(self.settings.output_device.clone());
         let start = Instant::now();
         // Added element-wise (`Sum`), not reduced: a reduction over the replicas' losses would
         // tune a kernel shape that training never uses.
         // Running states per device as in `TrainStep`: the step that follows may use either.
         let own_states = self.own_states.or(Some(own_states::<B, M>));
-        let Sum(total) = self.run(
+        let Sum(total) = step::forward(
+            self,
             sample,
             |replica, shard| Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard))),
             own_states,

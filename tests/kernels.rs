@@ -8,7 +8,7 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Int, IntDType, Tensor, TensorData};
 use burn_dataparallel::ConcatBackend;
-use burn_dataparallel::kernels::{coalesce, concat, split, uncoalesce};
+use burn_dataparallel::backend::{coalesce, concat, split, uncoalesce};
 
 type WgpuCube = burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
 type WgpuFusion = burn::backend::Wgpu;

@@ -5,7 +5,6 @@
 
 use burn::backend::wgpu::{Wgpu, WgpuDevice};
 use burn::backend::{Autodiff, Flex};
-use std::convert::Infallible;
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
@@ -64,7 +63,7 @@ fn distinct_devices_without_transfers_are_refused() {
     // Parameters are initialised lazily: initialise before cloning, so clones share them.
     let expected = model.forward(input(&home));
     let dp = DataParallel::new(model.clone(), vec![home.clone(), other]).unwrap();
-    match dp.try_forward_with(input::<B>(&home), |m, x| Ok::<_, Infallible>(m.forward(x))) {
+    match dp.try_forward_with(input::<B>(&home), |m, x| m.forward(x)) {
         Err(error @ DataParallelError::DeviceTransfersUnsupported { .. }) => {
             assert!(error.to_string().contains("use CUDA"), "{error}");
         }

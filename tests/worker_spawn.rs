@@ -35,7 +35,7 @@ fn workers_that_cannot_start_are_an_error() {
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &original) }, 0);
 
     match result {
-        Err(error @ DataParallelError::WorkerSpawn(_)) => {
+        Err(error @ DataParallelError::WorkerSpawn { .. }) => {
             assert!(
                 error
                     .to_string()

@@ -47,13 +47,13 @@ fn concat_kernel<E: Numeric, N: Size>(
 }
 
 /// Product of the dimensions in `shape`.
-pub(super) fn product(shape: &[usize]) -> usize {
+pub(crate) fn product(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
 /// The widest vector (in elements) that divides every width and that the device loads in one
 /// instruction for elements of `elem_size` bytes.
-pub(super) fn vector_size<R: CubeRuntime>(
+pub(crate) fn vector_size<R: CubeRuntime>(
     client: &ComputeClient<R>,
     elem_size: usize,
     widths: impl Iterator<Item = usize> + Clone,
@@ -70,7 +70,7 @@ pub(super) fn vector_size<R: CubeRuntime>(
 /// # Panics
 ///
 /// If `tensors` is empty, or they differ in rank, dtype or outside `dim`.
-pub(super) fn concat<R: CubeRuntime>(tensors: Vec<CubeTensor<R>>, dim: usize) -> CubeTensor<R> {
+pub(crate) fn concat<R: CubeRuntime>(tensors: Vec<CubeTensor<R>>, dim: usize) -> CubeTensor<R> {
     let first = tensors.first().expect("concat needs at least one tensor");
     let rank = first.meta.num_dims();
     let dtype = first.dtype;

@@ -83,7 +83,7 @@ fn view<R: CubeRuntime>(buffer: &CubeTensor<R>, start: usize, shape: Vec<usize>)
 /// # Panics
 ///
 /// If the sizes do not sum to the tensor's size along `dim`.
-pub(super) fn split<R: CubeRuntime>(
+pub(crate) fn split<R: CubeRuntime>(
     tensor: CubeTensor<R>,
     sizes: &[usize],
     dim: usize,

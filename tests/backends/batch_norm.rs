@@ -4,7 +4,6 @@
 use crate::common::*;
 use burn::module::Module;
 use burn::tensor::Tensor;
-use std::convert::Infallible;
 
 use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelError};
 
@@ -66,7 +65,7 @@ fn running_statistics_average<B: DataParallelBackend>(per_device: bool) {
         let elsewhere = shards.devices().iter().any(|d| d != dp.output_device());
         if !per_device && elsewhere && !B::orders_receives() {
             // CUDA: replicas on other GPUs would move the shared statistics unfenced.
-            let result = dp.try_forward_with(input, |m, x| Ok::<_, Infallible>(m.forward(x)));
+            let result = dp.try_forward_with(input, |m, x| m.forward(x));
             assert!(
                 matches!(result, Err(DataParallelError::SharedRunningStates { .. })),
                 "shared statistics on other devices are refused"

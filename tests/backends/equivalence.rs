@@ -268,9 +268,9 @@ fn chain_pieces_match_rows<B: DataParallelBackend>(pieces: Pieces, threads: bool
     let sizes = [3, 2, 2];
     let inputs: Vec<ChainInput<B>> = match pieces {
         Pieces::Split => {
-            let features = burn_dataparallel::kernels::split(features.clone(), &sizes, 0);
-            let mask = burn_dataparallel::kernels::split(mask.clone(), &sizes, 0);
-            let extra = burn_dataparallel::kernels::split(extra.clone(), &sizes, 0);
+            let features = burn_dataparallel::backend::split(features.clone(), &sizes, 0);
+            let mask = burn_dataparallel::backend::split(mask.clone(), &sizes, 0);
+            let extra = burn_dataparallel::backend::split(extra.clone(), &sizes, 0);
             let rest = mask.into_iter().zip(extra);
             features
                 .into_iter()

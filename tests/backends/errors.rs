@@ -29,9 +29,7 @@ where
     I: Scatter<B> + Send,
     O: Gather<B> + Send,
 {
-    dp.try_forward_with(input, |m, x| {
-        Ok::<_, std::convert::Infallible>(forward(m, x))
-    })
+    dp.try_forward_with(input, |m, x| forward(m, x))
 }
 
 fn configuration_errors<B: DataParallelBackend>() {
@@ -57,7 +55,7 @@ fn configuration_errors<B: DataParallelBackend>() {
     ));
     assert!(matches!(
         DataParallelConfig::new()
-            .with_output_device(2)
+            .with_output_index(2)
             .init(mlp(), devices::<B>(2)),
         Err(DataParallelError::OutputDeviceIndex { index: 2, len: 2 })
     ));
@@ -207,7 +205,7 @@ fn replica_failures_are_errors<B: DataParallelBackend>() {
         other => panic!("expected a panic error, got {other:?}"),
     }
 
-    let failed = dp.try_forward_with(input(), |m, x| match x.dims()[0] {
+    let failed = dp.try_forward_fallible(input(), |m, x| match x.dims()[0] {
         3 => Ok(m.forward(x)),
         _ => Err(Refused),
     });

@@ -24,7 +24,7 @@ fn out_of_memory_is_an_error<B: DataParallelBackend>() {
     let model: Linear<B> = LinearConfig::new(16, 1 << 21).init(&device);
     let dp = DataParallel::new(model, devices::<B>(2)).unwrap();
     let big = Tensor::<B, 2>::ones([40_000, 16], &device);
-    let result = dp.try_forward_with(big, |m, x| {
+    let result = dp.try_forward_fallible(big, |m, x| {
         let y = m.forward(x);
         // Make the replica's allocation happen on its own thread.
         B::sync(&y.device()).map_err(|e| format!("{e:?}"))?;

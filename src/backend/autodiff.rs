@@ -4,7 +4,6 @@
 //! pieces' gradients into one buffer and moves it back in one transfer.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -14,10 +13,8 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::ConcatBackend;
-use crate::profile::{self, Sink};
-
-use super::MAX_TRACKED_INPUTS;
+use super::comm::{self, TransferLog};
+use super::{ConcatBackend, MAX_TRACKED_INPUTS};
 
 #[derive(Debug)]
 struct ConcatBackward;
@@ -125,12 +122,23 @@ impl<B: ConcatBackend> Backward<B, 1> for PieceBackward {
 }
 
 /// What the backward of a coalesced transfer needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct MoveState<B: ConcatBackend> {
     source: B::Device,
     counts: Vec<usize>,
     bucket: Arc<Bucket<B>>,
-    sink: Option<Arc<Sink>>,
+    log: Option<Arc<dyn TransferLog>>,
+}
+
+impl<B: ConcatBackend> std::fmt::Debug for MoveState<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MoveState({:?}, {} pieces)",
+            self.source,
+            self.counts.len()
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -139,40 +147,19 @@ struct MoveBackward;
 impl<B: ConcatBackend> Backward<B, 1> for MoveBackward {
     type State = MoveState<B>;
 
+    /// Every piece's step has run (they are one level deeper): their gradients go back to
+    /// the source in one buffer.
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [parent] = ops.parents;
         let state = ops.state;
         let pieces: Vec<_> =
             std::mem::take(&mut *state.bucket.grads.lock().unwrap_or_else(|e| e.into_inner()));
         let Some(parent) = parent else { return };
-        let Some(first) = pieces.iter().flatten().next() else {
-            return;
-        };
-        let device = B::float_device(first);
-        let dtype = FloatDType::from(first.dtype());
-        let start = state.sink.as_ref().map(|_| {
-            profile::synchronize::<B>(std::slice::from_ref(&device));
-            Instant::now()
-        });
-        let parts = pieces
-            .into_iter()
-            .zip(&state.counts)
-            .map(|(grad, &count)| match grad {
-                Some(grad) => B::float_reshape(grad, [count].into()),
-                None => B::float_zeros([count].into(), &device, dtype),
-            })
-            .collect();
-        let buffer = B::float_concat(parts, 0);
-        let bytes = (buffer.shape().num_elements() * buffer.dtype().size()) as u64;
-        let moved = B::float_move(buffer, &state.source);
-        if let (Some(sink), Some(start)) = (&state.sink, start) {
-            profile::synchronize::<B>(std::slice::from_ref(&state.source));
-            let mut profile = sink.lock();
-            profile.backward_transfers += start.elapsed();
-            profile.bytes_reduced += bytes;
-            profile.reduce_transfers += 1;
+        if let Some(buffer) =
+            comm::return_pieces::<B>(pieces, &state.counts, &state.source, state.log.as_deref())
+        {
+            grads.register::<B>(parent.id, buffer);
         }
-        grads.register::<B>(parent.id, moved);
     }
 }
 
@@ -312,11 +299,6 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         if !B::concurrent_backward() {
             return None;
         }
-        let setup = super::ReplicaSetup {
-            replicas: setup.replicas,
-            spawner: setup.spawner,
-            sink: setup.sink,
-        };
         Some(super::replica_graphs::Graphs::<B, C>::new(setup))
     }
 
@@ -364,7 +346,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
             source,
             counts: counts.to_vec(),
             bucket: bucket.clone(),
-            sink: profile::active_sink(),
+            log: comm::current_log().and_then(|log| log.for_backward()),
         };
         let moved = match MoveBackward
             .prepare::<C>([buffer.node])

@@ -1,73 +1,12 @@
-//! [`ConcatBackend`] for CubeCL backends and for `Fusion`, which records the operations as
-//! custom operations and runs the inner backend's kernels when it executes them.
+//! [`ConcatBackend`] for `Fusion`: concatenations and splits are recorded as custom
+//! operations and run the inner backend's kernels when the stream executes them.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn_cubecl::cubecl::server::ServerCommunication;
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use super::{ConcatBackend, concat, split};
-
-impl<R, F, I, BT> ConcatBackend for CubeBackend<R, F, I, BT>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    fn float_concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
-        concat::concat(tensors, dim)
-    }
-
-    fn int_concat(tensors: Vec<IntTensor<Self>>, dim: usize) -> IntTensor<Self> {
-        concat::concat(tensors, dim)
-    }
-
-    fn float_split(
-        tensor: FloatTensor<Self>,
-        sizes: &[usize],
-        dim: usize,
-    ) -> Vec<FloatTensor<Self>> {
-        split::split(tensor, sizes, dim)
-    }
-
-    fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
-        split::split(tensor, sizes, dim)
-    }
-
-    fn device_transfers() -> bool {
-        <R::Server as ServerCommunication>::SERVER_COMM_ENABLED
-    }
-
-    fn fence_transfers(source: &Self::Device) {
-        if <R::Server as ServerCommunication>::SERVER_COMM_ENABLED {
-            R::client(source).sync_collective();
-        }
-    }
-
-    fn orders_receives() -> bool {
-        !<R::Server as ServerCommunication>::SERVER_COMM_ENABLED
-    }
-
-    fn fence_receive(destination: &Self::Device) {
-        use burn::tensor::backend::Device;
-        use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
-        use burn_cubecl::cubecl::server::ReduceOperation;
-        if <R::Server as ServerCommunication>::SERVER_COMM_ENABLED {
-            let mut client = R::client(destination);
-            let handle = client.empty(4);
-            client.all_reduce(
-                handle.clone(),
-                handle,
-                ElemType::Float(FloatKind::F32),
-                vec![destination.to_id()],
-                ReduceOperation::Sum,
-            );
-        }
-    }
-}
+use super::ConcatBackend;
 
 /// Float or int tensors: which handle accessors a custom operation uses.
 #[derive(Clone, Copy, Debug)]

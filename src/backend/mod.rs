@@ -1,0 +1,644 @@
+//! Concatenation, splitting and device moves as a Burn backend extension, and the transfers
+//! and reductions built on them: the layer every byte the pipeline moves goes through.
+//!
+//! [`ConcatBackend`] adds `concat` (any number of inputs along any dimension, in one kernel
+//! launch) and `split` (one tensor into pieces, zero-copy views where the layout allows,
+//! otherwise one kernel launch) to a backend, with fenced device moves. Each backend has its
+//! file:
+//!
+//! - `cubecl.rs`: CubeCL backends run this crate's kernels (`src/kernels/`);
+//! - `fusion.rs`: `Fusion` records them as custom operations;
+//! - `autodiff.rs`: `Autodiff` gives them custom backward steps (the backward of a
+//!   concatenation is a split and the other way round; the backward of a coalesced transfer
+//!   brings every piece's gradient back in one transfer);
+//! - `cpu.rs`: Flex and NdArray use Burn's own operations;
+//! - `replica_graphs.rs`: under `Autodiff`, the per-replica graphs and backward of the
+//!   parallel backward.
+//!
+//! `comm.rs` holds every transfer and gradient sum of the pipeline (broadcast of parameters,
+//! reduce-add of gradients, move-and-split), used by the forward and by both backwards.
+//!
+//! [`concat()`], [`split()`], [`coalesce()`], [`uncoalesce()`] and [`move_split()`] are the
+//! tensor-level entry points. Another backend gets Burn's own operations from an empty
+//! `impl ConcatBackend for MyBackend {}`.
+
+mod autodiff;
+pub(crate) mod comm;
+mod cpu;
+#[cfg(feature = "cubecl")]
+mod cubecl;
+#[cfg(feature = "cubecl")]
+mod fusion;
+mod replica_graphs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{BasicOps, Bool, Float, Int, Slice, Tensor, TensorMetadata, TensorPrimitive};
+
+/// A backend with single-launch concatenation and splitting.
+///
+/// Every method has a default body built on Burn's own operations, so a backend without
+/// kernels of its own implements the trait with an empty `impl`.
+pub trait ConcatBackend: Backend {
+    /// Concatenates float tensors along `dim`.
+    ///
+    /// # Panics
+    ///
+    /// If `tensors` is empty, or the tensors differ in rank, dtype, device or in a dimension
+    /// other than `dim`.
+    fn float_concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        Self::float_cat(tensors, dim)
+    }
+
+    /// Concatenates int tensors along `dim`.
+    ///
+    /// # Panics
+    ///
+    /// As [`float_concat`](Self::float_concat).
+    fn int_concat(tensors: Vec<IntTensor<Self>>, dim: usize) -> IntTensor<Self> {
+        Self::int_cat(tensors, dim)
+    }
+
+    /// Splits a float tensor along `dim` into pieces of the given sizes.
+    ///
+    /// # Panics
+    ///
+    /// If the sizes do not sum to the tensor's size along `dim`.
+    fn float_split(
+        tensor: FloatTensor<Self>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<FloatTensor<Self>> {
+        let shape = tensor.shape().to_vec();
+        slices(&shape, sizes, dim)
+            .map(|slices| Self::float_slice(tensor.clone(), &slices))
+            .collect()
+    }
+
+    /// Splits an int tensor along `dim` into pieces of the given sizes.
+    ///
+    /// # Panics
+    ///
+    /// As [`float_split`](Self::float_split).
+    fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
+        let shape = tensor.shape().to_vec();
+        slices(&shape, sizes, dim)
+            .map(|slices| Self::int_slice(tensor.clone(), &slices))
+            .collect()
+    }
+
+    /// Joins the autodiff graphs of `tensors` into one without computing anything: under
+    /// `Autodiff`, one graph node with all of them as parents (its output is discarded);
+    /// elsewhere nothing. Used to prepare one graph before replicas add to it from several
+    /// threads (the single backward).
+    #[doc(hidden)]
+    fn float_join_graphs(tensors: Vec<FloatTensor<Self>>) {
+        drop(tensors);
+    }
+
+    /// Whether tensors can move between two distinct devices of this backend.
+    ///
+    /// False where Burn 0.21's `to_device` between two devices is not implemented: CubeCL
+    /// runtimes without device-to-device communication (wgpu, HIP, CPU). True by default.
+    fn device_transfers() -> bool {
+        true
+    }
+
+    /// Orders later work on `source` after the transfers already queued from it, so that their
+    /// source buffers are not overwritten before they have been read.
+    ///
+    /// CubeCL 0.10 sends between CUDA devices on a separate communication stream and frees the
+    /// source buffer as soon as the send is queued; the next kernel on the source device can
+    /// reuse that memory before the send has read it, and the receiver gets corrupted values.
+    /// On CubeCL runtimes with device-to-device transfers this makes the source's compute
+    /// stream wait for its communication stream; elsewhere it does nothing.
+    fn fence_transfers(source: &Self::Device) {
+        let _ = source;
+    }
+
+    /// Orders a transfer into `destination` after the work the calling thread has queued
+    /// there, so that the transfer cannot overwrite memory that work still reads.
+    ///
+    /// CubeCL 0.10 receives on the destination's communication stream into memory reserved
+    /// from the compute stream's pool without waiting for that stream: memory freed by a
+    /// kernel still queued can be overwritten before the kernel reads it (seen as
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` when that memory held indices). On CubeCL runtimes with
+    /// device-to-device transfers this makes the destination's communication stream wait for
+    /// the calling thread's compute stream (a one-device all-reduce of four bytes, the one
+    /// operation that orders them that way); elsewhere it does nothing.
+    fn fence_receive(destination: &Self::Device) {
+        let _ = destination;
+    }
+
+    /// Whether a transfer into a device that this crate does not fence (Burn's own
+    /// `to_device` inside a replica's forward, such as batch norm moving its running
+    /// statistics) is ordered after the work queued on that device. True by default; false on
+    /// CubeCL runtimes with device-to-device transfers (CUDA), where such a transfer can
+    /// overwrite memory that queued kernels still read ([`fence_receive`](Self::fence_receive)).
+    fn orders_receives() -> bool {
+        true
+    }
+
+    /// One autodiff graph per replica for a forward whose replicas run on worker threads, or
+    /// `None` where there is no autodiff graph (the default) or the backend keeps one graph
+    /// for all replicas ([`concurrent_backward`](Self::concurrent_backward) false).
+    ///
+    /// Under `Autodiff`, each replica's forward then starts from its own leaves and never
+    /// touches the caller's graph; the caller's graph gets one stand-in per replica output,
+    /// and the backward of those stand-ins runs each replica's backward on its own worker
+    /// thread at the same time, then sums the gradients into the caller's tensors.
+    #[doc(hidden)]
+    fn replica_graphs(setup: ReplicaSetup<Self>) -> Option<Arc<dyn ReplicaGraphs<Self>>> {
+        drop(setup);
+        None
+    }
+
+    /// Whether replicas' backward passes may run on their worker threads at the same time
+    /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward)).
+    /// True by default; false for `Fusion`, whose per-thread streams gave wrong gradients and
+    /// slower steps that way on two H200s (see the crate's benchmark results).
+    fn concurrent_backward() -> bool {
+        true
+    }
+
+    /// Moves a float tensor to `device` (Burn's `to_device`) between a fence on the
+    /// destination ([`fence_receive`](Self::fence_receive)) and one on the source
+    /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
+    /// gradient back the same way.
+    fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
+        let source = Self::float_device(&tensor);
+        if &source == device {
+            return tensor;
+        }
+        Self::fence_receive(device);
+        let moved = Self::float_to_device(tensor, device);
+        Self::fence_transfers(&source);
+        moved
+    }
+
+    /// Moves a flat float buffer to `device` in one transfer and cuts it there into flat pieces
+    /// of `counts` elements: the receiving half of a coalesced transfer.
+    ///
+    /// Under `Autodiff`, the backward collects the pieces' gradients into one buffer (zeros for
+    /// pieces without a gradient) and moves it back in one transfer.
+    ///
+    /// # Panics
+    ///
+    /// If `buffer` is not of rank 1 or the counts do not sum to its length.
+    fn float_move_split(
+        buffer: FloatTensor<Self>,
+        counts: &[usize],
+        device: &Self::Device,
+    ) -> Vec<FloatTensor<Self>> {
+        Self::float_split(Self::float_move(buffer, device), counts, 0)
+    }
+}
+
+/// An autodiff backend that [`DataParallel`](crate::DataParallel) trains on: it and its inner
+/// backend (used by `valid()` models) both have the kernels. One bound for generic training
+/// code: `fn train<B: DataParallelBackend>(...)`.
+pub trait DataParallelBackend:
+    AutodiffBackend<InnerBackend: ConcatBackend> + ConcatBackend
+{
+}
+
+impl<B> DataParallelBackend for B
+where
+    B: AutodiffBackend + ConcatBackend,
+    B::InnerBackend: ConcatBackend,
+{
+}
+
+/// Largest number of inputs one tracked concatenation (or graph join) takes; more are taken in
+/// groups.
+const MAX_TRACKED_INPUTS: usize = 16;
+
+/// What [`ConcatBackend::replica_graphs`] needs: where each replica runs and the pipeline's
+/// services (workers, profile).
+#[doc(hidden)]
+pub struct ReplicaSetup<B: Backend> {
+    /// Per replica (shard order): the worker slot and the device.
+    pub(crate) replicas: Vec<(usize, B::Device)>,
+    pub(crate) runtime: Arc<dyn ReplicaRuntime>,
+}
+
+/// The pipeline's services for the per-replica backward, implemented by the worker pool.
+#[doc(hidden)]
+pub trait ReplicaRuntime: Send + Sync {
+    /// Starts `job` on the worker of `slot` if it is idle, otherwise on another thread kept
+    /// for that slot, and returns at once.
+    fn spawn(&self, slot: usize, job: Box<dyn FnOnce() + Send>);
+
+    /// Whether the step is profiled.
+    fn profiling(&self) -> bool;
+
+    /// Records that replica `replica`'s backward took `elapsed` (when profiling).
+    fn record_backward(&self, replica: usize, elapsed: Duration);
+
+    /// Records one gradient transfer of the backward (when profiling).
+    fn record_transfer(&self, bytes: u64, elapsed: Duration);
+}
+
+/// How a replica's leaf relates to the caller's tensor it copies.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The whole tensor (a parameter, a broadcast value): the replicas' gradients are summed.
+    Whole,
+    /// The replica's rows of the tensor along `dim` (an input shard): the replicas' gradients
+    /// are concatenated in shard order.
+    Rows {
+        /// The batch dimension.
+        dim: usize,
+    },
+}
+
+/// The per-replica graphs of one forward ([`ConcatBackend::replica_graphs`]).
+#[doc(hidden)]
+pub trait ReplicaGraphs<B: Backend>: Send + Sync + std::fmt::Debug {
+    /// Replica `replica`'s leaf for `target`, a tracked tensor of the caller's graph: a tensor
+    /// holding `value` (the target's data, or the replica's rows of it, on the replica's
+    /// device) at the start of the replica's own graph, whose gradient goes back to `target`
+    /// as `part` says. `value` itself when `target` is not tracked.
+    fn leaf(
+        &self,
+        replica: usize,
+        value: FloatTensor<B>,
+        target: &FloatTensor<B>,
+        part: Part,
+    ) -> FloatTensor<B>;
+
+    /// Notes that the replicas' forwards start now (every leaf has been made).
+    fn begin_forward(&self);
+
+    /// The stand-in, in the caller's graph, for `output` of replica `replica` (itself when
+    /// not tracked). Called on the calling thread after every replica's forward.
+    fn output(&self, replica: usize, output: FloatTensor<B>) -> FloatTensor<B>;
+
+    /// Drops what only the forward needed and reports the first replica whose outputs were
+    /// computed directly from a tracked tensor that it did not receive through its input.
+    fn seal(&self) -> Result<(), usize>;
+}
+
+/// The slices that cut `shape` along `dim` into pieces of `sizes`.
+///
+/// # Panics
+///
+/// If the sizes do not sum to `shape[dim]`.
+pub(crate) fn slices<'a>(
+    shape: &'a [usize],
+    sizes: &'a [usize],
+    dim: usize,
+) -> impl Iterator<Item = Vec<Slice>> + 'a {
+    assert_eq!(
+        sizes.iter().sum::<usize>(),
+        shape[dim],
+        "split sizes {sizes:?} do not sum to dim {dim} of shape {shape:?}"
+    );
+    sizes.iter().scan(0, move |start, &size| {
+        let begin = *start;
+        *start += size;
+        Some(
+            shape
+                .iter()
+                .enumerate()
+                .map(|(d, &len)| match d == dim {
+                    true => Slice::new(begin as isize, Some((begin + size) as isize), 1),
+                    false => Slice::new(0, Some(len as isize), 1),
+                })
+                .collect(),
+        )
+    })
+}
+
+/// A tensor kind that [`concat()`] and [`split()`] accept: float and int tensors go through
+/// [`ConcatBackend`], bool tensors through Burn's own operations.
+pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
+    /// Concatenates along `dim`.
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Self>>, dim: usize) -> Tensor<B, D, Self>;
+
+    /// Splits along `dim` into pieces of the given sizes.
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Self>>;
+
+    /// Moves to `device` between a fence on the destination
+    /// ([`ConcatBackend::fence_receive`]) and one on the source
+    /// ([`ConcatBackend::fence_transfers`]).
+    fn move_to<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        device: &B::Device,
+    ) -> Tensor<B, D, Self>;
+
+    /// The tensor's values without its autodiff graph (float tensors); the tensor itself for
+    /// kinds without gradients.
+    #[doc(hidden)]
+    fn detach<const D: usize>(tensor: Tensor<B, D, Self>) -> Tensor<B, D, Self> {
+        tensor
+    }
+
+    /// Replica `replica`'s leaf for a value of this kind ([`ReplicaGraphs::leaf`]): `value`
+    /// itself for kinds without gradients.
+    #[doc(hidden)]
+    fn replica_leaf<const D: usize>(
+        value: Tensor<B, D, Self>,
+        target: &Tensor<B, D, Self>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+        part: Part,
+    ) -> Tensor<B, D, Self> {
+        let _ = (target, graphs, replica, part);
+        value
+    }
+
+    /// The caller's stand-in for an output of replica `replica`
+    /// ([`ReplicaGraphs::output`]); the tensor itself for kinds without gradients.
+    #[doc(hidden)]
+    fn replica_output<const D: usize>(
+        tensor: Tensor<B, D, Self>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D, Self> {
+        let _ = (graphs, replica);
+        tensor
+    }
+}
+
+/// Burn's `to_device` between fences on the destination and the source.
+fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    let source = tensor.device();
+    B::fence_receive(device);
+    let moved = tensor.to_device(device);
+    B::fence_transfers(&source);
+    moved
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Float {
+    fn detach<const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {
+        tensor.detach()
+    }
+
+    fn replica_leaf<const D: usize>(
+        value: Tensor<B, D>,
+        target: &Tensor<B, D>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+        part: Part,
+    ) -> Tensor<B, D> {
+        match (value.into_primitive(), target.clone().into_primitive()) {
+            (TensorPrimitive::Float(value), TensorPrimitive::Float(target)) => {
+                Tensor::from_primitive(TensorPrimitive::Float(
+                    graphs.leaf(replica, value, &target, part),
+                ))
+            }
+            (value, _) => Tensor::from_primitive(value),
+        }
+    }
+
+    fn replica_output<const D: usize>(
+        tensor: Tensor<B, D>,
+        graphs: &dyn ReplicaGraphs<B>,
+        replica: usize,
+    ) -> Tensor<B, D> {
+        match tensor.into_primitive() {
+            TensorPrimitive::Float(output) => {
+                Tensor::from_primitive(TensorPrimitive::Float(graphs.output(replica, output)))
+            }
+            quantized => Tensor::from_primitive(quantized),
+        }
+    }
+
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D>>, dim: usize) -> Tensor<B, D> {
+        let mut floats = Vec::with_capacity(tensors.len());
+        for tensor in &tensors {
+            match tensor.clone().into_primitive() {
+                TensorPrimitive::Float(float) => floats.push(float),
+                // Quantized tensors keep Burn's own concatenation.
+                TensorPrimitive::QFloat(_) => return Tensor::cat(tensors, dim),
+            }
+        }
+        Tensor::from_primitive(TensorPrimitive::Float(B::float_concat(floats, dim)))
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D>> {
+        match tensor.clone().into_primitive() {
+            TensorPrimitive::Float(float) => B::float_split(float, sizes, dim)
+                .into_iter()
+                .map(|piece| Tensor::from_primitive(TensorPrimitive::Float(piece)))
+                .collect(),
+            TensorPrimitive::QFloat(_) => tensor.split_with_sizes(sizes.to_vec(), dim),
+        }
+    }
+
+    fn move_to<const D: usize>(tensor: Tensor<B, D>, device: &B::Device) -> Tensor<B, D> {
+        match tensor.into_primitive() {
+            TensorPrimitive::Float(float) => {
+                Tensor::from_primitive(TensorPrimitive::Float(B::float_move(float, device)))
+            }
+            quantized => fenced_to_device(Tensor::from_primitive(quantized), device),
+        }
+    }
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Int {
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Int>>, dim: usize) -> Tensor<B, D, Int> {
+        let ints = tensors.into_iter().map(Tensor::into_primitive).collect();
+        Tensor::from_primitive(B::int_concat(ints, dim))
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Int>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Int>> {
+        B::int_split(tensor.into_primitive(), sizes, dim)
+            .into_iter()
+            .map(Tensor::from_primitive)
+            .collect()
+    }
+
+    fn move_to<const D: usize>(tensor: Tensor<B, D, Int>, device: &B::Device) -> Tensor<B, D, Int> {
+        fenced_to_device(tensor, device)
+    }
+}
+
+impl<B: ConcatBackend> ConcatKind<B> for Bool {
+    fn concat<const D: usize>(tensors: Vec<Tensor<B, D, Bool>>, dim: usize) -> Tensor<B, D, Bool> {
+        Tensor::cat(tensors, dim)
+    }
+
+    fn split<const D: usize>(
+        tensor: Tensor<B, D, Bool>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<Tensor<B, D, Bool>> {
+        tensor.split_with_sizes(sizes.to_vec(), dim)
+    }
+
+    fn move_to<const D: usize>(
+        tensor: Tensor<B, D, Bool>,
+        device: &B::Device,
+    ) -> Tensor<B, D, Bool> {
+        fenced_to_device(tensor, device)
+    }
+}
+
+/// Concatenates `tensors` along `dim`, in one kernel launch on CubeCL backends.
+///
+/// # Shapes
+///
+/// - tensors: `[d_0, ..., n_i, ..., d_{D-1}]`, `n_i` at `dim`
+/// - output: `[d_0, ..., sum(n_i), ..., d_{D-1}]`
+///
+/// # Panics
+///
+/// If `tensors` is empty or the tensors differ outside `dim`, in dtype or in device.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::backend::concat;
+///
+/// let device = Default::default();
+/// let parts = vec![Tensor::<Flex, 2>::ones([2, 3], &device), Tensor::zeros([1, 3], &device)];
+/// assert_eq!(concat(parts, 0).dims(), [3, 3]);
+/// ```
+pub fn concat<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensors: Vec<Tensor<B, D, K>>,
+    dim: usize,
+) -> Tensor<B, D, K> {
+    assert!(!tensors.is_empty(), "concat needs at least one tensor");
+    assert!(dim < D, "dim {dim} is out of range for rank {D}");
+    K::concat(tensors, dim)
+}
+
+/// Splits `tensor` along `dim` into pieces of the given sizes: zero-copy views where the layout
+/// allows, otherwise one kernel launch on CubeCL backends.
+///
+/// # Shapes
+///
+/// - tensor: `[d_0, ..., sum(sizes), ..., d_{D-1}]`
+/// - piece `i`: `[d_0, ..., sizes[i], ..., d_{D-1}]`
+///
+/// # Panics
+///
+/// If the sizes do not sum to the tensor's size along `dim`.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::backend::split;
+///
+/// let tensor = Tensor::<Flex, 2>::ones([2, 7], &Default::default());
+/// let pieces = split(tensor, &[3, 4], 1);
+/// assert_eq!(pieces[1].dims(), [2, 4]);
+/// ```
+pub fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensor: Tensor<B, D, K>,
+    sizes: &[usize],
+    dim: usize,
+) -> Vec<Tensor<B, D, K>> {
+    assert!(dim < D, "dim {dim} is out of range for rank {D}");
+    assert_eq!(
+        sizes.iter().sum::<usize>(),
+        tensor.dims()[dim],
+        "split sizes {sizes:?} do not sum to dim {dim} of shape {:?}",
+        tensor.dims()
+    );
+    K::split(tensor, sizes, dim)
+}
+
+/// Flattens `tensors` into one buffer, in one kernel launch on CubeCL backends, for a single
+/// large transfer; [`uncoalesce()`] gives them back.
+///
+/// # Shapes
+///
+/// - tensors: any shapes
+/// - output: `[sum of the tensors' element counts]`
+///
+/// # Panics
+///
+/// If `tensors` is empty or mixes dtypes or devices.
+pub fn coalesce<B: Backend, K: ConcatKind<B>>(tensors: Vec<Tensor<B, 1, K>>) -> Tensor<B, 1, K> {
+    concat(tensors, 0)
+}
+
+/// Cuts a buffer made by [`coalesce()`] back into flat tensors of the given element counts
+/// (zero-copy views where the buffer's alignment allows).
+///
+/// # Panics
+///
+/// If the counts do not sum to the buffer's length.
+pub fn uncoalesce<B: Backend, K: ConcatKind<B>>(
+    buffer: Tensor<B, 1, K>,
+    counts: &[usize],
+) -> Vec<Tensor<B, 1, K>> {
+    split(buffer, counts, 0)
+}
+
+/// Moves a flat buffer made by [`coalesce()`] to `device` in one transfer and cuts it there
+/// into flat tensors of the given element counts.
+///
+/// The backward (under an autodiff backend) moves all the pieces' gradients back in one
+/// transfer: together with [`coalesce()`], parameters go out and gradients come back as one
+/// buffer each instead of one transfer per tensor.
+///
+/// # Shapes
+///
+/// - buffer: `[sum(counts)]`
+/// - piece `i`: `[counts[i]]`
+///
+/// # Panics
+///
+/// If the counts do not sum to the buffer's length.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::backend::{coalesce, move_split};
+///
+/// let device = Default::default();
+/// let weight = Tensor::<Flex, 2>::ones([2, 3], &device);
+/// let bias = Tensor::<Flex, 1>::zeros([3], &device);
+/// let buffer = coalesce(vec![weight.reshape([6]), bias]);
+/// let pieces = move_split(buffer, &[6, 3], &device);
+/// assert_eq!(pieces[0].clone().reshape([2, 3]).dims(), [2, 3]);
+/// ```
+pub fn move_split<B: ConcatBackend>(
+    buffer: Tensor<B, 1>,
+    counts: &[usize],
+    device: &B::Device,
+) -> Vec<Tensor<B, 1>> {
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        buffer.dims()[0],
+        "counts {counts:?} do not sum to the buffer's length {}",
+        buffer.dims()[0]
+    );
+    match buffer.into_primitive() {
+        TensorPrimitive::Float(float) => B::float_move_split(float, counts, device)
+            .into_iter()
+            .map(|piece| Tensor::from_primitive(TensorPrimitive::Float(piece)))
+            .collect(),
+        quantized => fenced_to_device(Tensor::<B, 1>::from_primitive(quantized), device)
+            .split_with_sizes(counts.to_vec(), 0),
+    }
+}

@@ -1,0 +1,694 @@
+//! One autodiff graph per replica, and a backward that runs them on the replicas' worker
+//! threads at the same time ([`ConcatBackend::replica_graphs`] under `Autodiff`).
+//!
+//! A replica's forward starts from its own leaves: one per tracked tensor it receives (a
+//! parameter's copy, an input shard, a broadcast value), all children of the replica's
+//! *sentinel*. The caller's tensor each leaf copies is its *target*. The replica's outputs
+//! enter the caller's graph as *stand-ins*, children of one *hub* per forward, so no graph is
+//! shared between threads and Burn's graph locator never merges graphs concurrently.
+//!
+//! In the caller's backward, each stand-in stores its gradient; the hub, their common parent,
+//! runs after all of them and starts one backward per replica that received a gradient,
+//! seeded with the stored gradients, on the replica's worker (or on another thread kept for
+//! that worker, when a backward started earlier in the same caller's backward still occupies
+//! it). A replica's leaves store their gradients; its sentinel, one level below every leaf,
+//! reports the replica done. The hub then combines the gradients per target
+//! ([`comm::reduce_add_coalesced`]: summed for parameters, rows concatenated for inputs) and
+//! registers them for the targets in the caller's gradients.
+//!
+//! The hub does not wait for the replicas' `backward` calls to return: they end with Burn's
+//! graph cleanup, which waits for every graph, the caller's included, which the caller's own
+//! backward holds until the hub returns. The hub is a child of the targets that are not
+//! leaves and that some replica used (so that their own backward steps run after the hub
+//! has registered their gradients): a target no replica used gets no gradient, as with the
+//! bare model.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{FloatDType, Shape, TensorMetadata};
+
+use super::comm::{self, Combine, Target, TransferLog};
+use super::{ConcatBackend, Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
+
+type Tracked<B> = FloatTensor<Autodiff<B>>;
+
+/// Per replica, the gradient each target received from it.
+type PerReplica<B> = Vec<Vec<Option<FloatTensor<B>>>>;
+
+/// How long a replica's backward may wait for its graph before the hub gives up on it: it
+/// only waits when another backward holds the graph, which means that the replica's forward
+/// merged its graph with a graph outside it (a captured tracked tensor).
+const START_LIMIT: Duration = Duration::from_secs(10);
+
+/// The per-replica graphs of one forward.
+pub(crate) struct Graphs<B: ConcatBackend, C: CheckpointStrategy> {
+    setup: ReplicaSetup<Autodiff<B, C>>,
+    state: Mutex<State<B>>,
+    changed: Condvar,
+    /// Set when the hub has given up on replicas whose backward did not start.
+    cancelled: AtomicBool,
+    /// This value, for the backward steps of leaves, sentinels and roots (weak: those steps
+    /// live in the replicas' graphs, which this value keeps alive).
+    me: Weak<Self>,
+}
+
+struct State<B: ConcatBackend> {
+    targets: Vec<TargetEntry<B>>,
+    by_node: HashMap<(NodeId, bool), usize>,
+    replicas: Vec<Replica<B>>,
+    /// The caller's graph node that every stand-in hangs from; dropped by `seal`.
+    hub: Option<Tracked<B>>,
+    /// The ids of this forward's own nodes made before the replicas ran (leaves, sentinels).
+    own: HashSet<NodeId>,
+    /// The first node id of the replicas' forwards.
+    mark: Option<u64>,
+    /// The first replica whose outputs use a tracked tensor it did not receive.
+    captured: Option<usize>,
+    status: Vec<Status>,
+    started_at: Option<Instant>,
+}
+
+/// A tensor of the caller's graph that replicas copy.
+struct TargetEntry<B: ConcatBackend> {
+    tensor: Tracked<B>,
+    part: Part,
+    /// Each replica's piece of it (rows targets), for zeros where a replica has no gradient.
+    shapes: Vec<Option<Shape>>,
+    /// Whether the hub is its child (a used target that is not a leaf).
+    linked: bool,
+}
+
+#[derive(Default)]
+struct Replica<B: ConcatBackend> {
+    sentinel: Option<Tracked<B>>,
+    leaves: Vec<Leaf<B>>,
+    /// Each output and the gradient its stand-in received.
+    outputs: Vec<(Tracked<B>, Option<FloatTensor<B>>)>,
+}
+
+struct Leaf<B: ConcatBackend> {
+    target: usize,
+    /// The leaf itself until the hub is made, to see whether the replica used it.
+    tensor: Option<Tracked<B>>,
+    grad: Option<FloatTensor<B>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Status {
+    Idle,
+    Queued,
+    Started,
+    Done,
+    Failed(String),
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Graphs<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReplicaGraphs({} replicas)", self.setup.replicas.len())
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
+    pub(crate) fn new(setup: ReplicaSetup<Autodiff<B, C>>) -> Arc<Self> {
+        let count = setup.replicas.len();
+        Arc::new_cyclic(|me| Self {
+            setup,
+            state: Mutex::new(State {
+                targets: Vec::new(),
+                by_node: HashMap::new(),
+                replicas: (0..count).map(|_| Replica::default()).collect(),
+                hub: None,
+                own: HashSet::new(),
+                mark: None,
+                captured: None,
+                status: vec![Status::Idle; count],
+                started_at: None,
+            }),
+            changed: Condvar::new(),
+            cancelled: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A tracked `[1]` zeros tensor on `device` that starts a new graph.
+    fn new_leaf(device: &B::Device) -> Tracked<B> {
+        let zeros = B::float_zeros([1].into(), device, FloatDType::F32);
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(zeros).require_grad()
+    }
+
+    /// Replica `replica`'s sentinel, made on first use.
+    fn sentinel(&self, state: &mut State<B>, replica: usize) -> Tracked<B> {
+        if let Some(sentinel) = &state.replicas[replica].sentinel {
+            return sentinel.clone();
+        }
+        let leaf = Self::new_leaf(&self.setup.replicas[replica].1);
+        let value = leaf.primitive.clone();
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index: 0,
+        };
+        let sentinel = match SentinelBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([leaf.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        state.own.insert(leaf.node.id);
+        state.own.insert(sentinel.node.id);
+        state.replicas[replica].sentinel = Some(sentinel.clone());
+        sentinel
+    }
+
+    /// The hub, made on first use: its parents are the targets that are not leaves and that
+    /// some replica used; a fresh leaf when there is none. Drops the leaves' references.
+    fn hub(&self, state: &mut State<B>) -> Tracked<B> {
+        if let Some(hub) = &state.hub {
+            return hub.clone();
+        }
+        // A leaf is held by its own backward step and by the reference kept here; any other
+        // holder is a step of the replica's forward that used it (or an output that is it).
+        let mut used = vec![false; state.targets.len()];
+        for replica in &mut state.replicas {
+            for leaf in &mut replica.leaves {
+                if let Some(tensor) = leaf.tensor.take() {
+                    used[leaf.target] |= Arc::strong_count(&tensor.node) > 2;
+                }
+            }
+        }
+        let mut parents: Vec<Tracked<B>> = Vec::new();
+        for (target, used) in state.targets.iter_mut().zip(used) {
+            target.linked = used && !target.tensor.node.parents.is_empty();
+            if target.linked {
+                parents.push(target.tensor.clone());
+            }
+        }
+        if parents.is_empty() {
+            parents.push(Self::new_leaf(&self.setup.replicas[0].1));
+        }
+        while parents.len() > 1 {
+            parents = parents
+                .chunks(super::MAX_TRACKED_INPUTS)
+                .map(|group| super::autodiff::join::<B, C>(group.to_vec()))
+                .collect();
+        }
+        let parent = parents.pop().expect("one parent");
+        let value = parent.primitive.clone();
+        let graphs = self.me.upgrade().expect("alive while the forward runs");
+        let hub = match HubBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([parent.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(graphs, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        state.hub = Some(hub.clone());
+        hub
+    }
+
+    /// Runs every replica's backward from its stored output gradients; returns, per
+    /// replica, the gradient of every target (leaves of one target added), and the first
+    /// failure.
+    fn run_backward(&self) -> (PerReplica<B>, Option<(usize, String)>) {
+        let mut state = self.lock();
+        let mut jobs: Vec<(usize, Box<dyn FnOnce() + Send>)> = Vec::new();
+        for index in 0..state.replicas.len() {
+            let seeds: Vec<(Tracked<B>, FloatTensor<B>)> = state.replicas[index]
+                .outputs
+                .iter_mut()
+                .filter_map(|(output, grad)| grad.take().map(|grad| (output.clone(), grad)))
+                .collect();
+            if seeds.is_empty() {
+                continue;
+            }
+            let sentinel = self.sentinel(&mut state, index);
+            let key = Key {
+                graphs: self.me.clone(),
+                replica: index,
+                index: 0,
+            };
+            let lost = Lost(key.clone());
+            state.status[index] = Status::Queued;
+            jobs.push((
+                self.setup.replicas[index].0,
+                Box::new(move || {
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        replica_backward::<B, C>(seeds, sentinel, key)
+                    }));
+                    if let Err(payload) = run {
+                        lost.fail(crate::error::panic_message(payload.as_ref()));
+                    }
+                    drop(lost);
+                }),
+            ));
+        }
+        state.started_at = Some(Instant::now());
+        drop(state);
+        for (slot, job) in jobs {
+            self.setup.runtime.spawn(slot, job);
+        }
+        let mut state = self.lock();
+        let begun = Instant::now();
+        loop {
+            let waiting = |s: &Status| matches!(s, Status::Queued | Status::Started);
+            if !state.status.iter().any(waiting) {
+                break;
+            }
+            let unstarted = state.status.contains(&Status::Queued);
+            let elapsed = begun.elapsed();
+            if unstarted && elapsed >= START_LIMIT {
+                self.cancelled.store(true, Ordering::SeqCst);
+                for status in state.status.iter_mut() {
+                    if *status == Status::Queued {
+                        *status = Status::Failed(format!(
+                            "its backward did not start within {} s: another backward holds \
+                             its autodiff graph, which happens when the replica's forward used \
+                             a tracked tensor that it did not receive through its input (a \
+                             tensor captured by the forward closure); pass such tensors in the \
+                             input (`Broadcast` for a whole tensor) or turn \
+                             `parallel_backward` off",
+                            START_LIMIT.as_secs()
+                        ));
+                    }
+                }
+                break;
+            }
+            let wait = match unstarted {
+                true => START_LIMIT - elapsed,
+                false => Duration::from_secs(3600),
+            };
+            state = self
+                .changed
+                .wait_timeout(state, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let failure = state
+            .status
+            .iter()
+            .enumerate()
+            .find_map(|(replica, status)| match status {
+                Status::Failed(message) => Some((replica, message.clone())),
+                _ => None,
+            });
+        let targets = state.targets.len();
+        let per_replica = state
+            .replicas
+            .iter_mut()
+            .map(|replica| {
+                let mut grads: Vec<Option<FloatTensor<B>>> = (0..targets).map(|_| None).collect();
+                for leaf in &mut replica.leaves {
+                    if let Some(grad) = leaf.grad.take() {
+                        let slot = &mut grads[leaf.target];
+                        *slot = Some(match slot.take() {
+                            Some(sum) => B::float_add(sum, grad),
+                            None => grad,
+                        });
+                    }
+                }
+                grads
+            })
+            .collect();
+        (per_replica, failure)
+    }
+
+    /// Replica `replica`'s backward has taken its graph and started.
+    fn start(&self, replica: usize) {
+        if self.cancelled.load(Ordering::SeqCst) {
+            panic!("the backward of replica {replica} was given up on");
+        }
+        let mut state = self.lock();
+        if state.status[replica] == Status::Queued {
+            state.status[replica] = Status::Started;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Replica `replica`'s backward is over (`failure`: it panicked with this message).
+    fn report(&self, replica: usize, failure: Option<String>) {
+        if failure.is_none() && self.setup.runtime.profiling() {
+            let started = self.lock().started_at;
+            let device = &self.setup.replicas[replica].1;
+            let _ = B::sync(device);
+            if let Some(started) = started {
+                self.setup
+                    .runtime
+                    .record_backward(replica, started.elapsed());
+            }
+        }
+        let mut state = self.lock();
+        if matches!(state.status[replica], Status::Queued | Status::Started) {
+            state.status[replica] = match failure {
+                Some(message) => Status::Failed(message),
+                None => Status::Done,
+            };
+        }
+        self.changed.notify_all();
+    }
+
+    /// Adds `grad` to what leaf (or output, `output`) `index` of replica `replica` received.
+    fn store(&self, replica: usize, output: bool, index: usize, grad: FloatTensor<B>) {
+        let mut state = self.lock();
+        let replica = &mut state.replicas[replica];
+        let stored = match output {
+            true => &mut replica.outputs[index].1,
+            false => &mut replica.leaves[index].grad,
+        };
+        *stored = Some(match stored.take() {
+            Some(previous) => B::float_add(previous, grad),
+            None => grad,
+        });
+    }
+
+    /// The targets, in the form the reduction takes.
+    fn reduce_targets(&self) -> Vec<(Tracked<B>, bool, Target<B::Device>)> {
+        self.lock()
+            .targets
+            .iter()
+            .map(|target| {
+                let device = B::float_device(&target.tensor.primitive);
+                let combine = match target.part {
+                    Part::Whole => Combine::Sum,
+                    Part::Rows { dim } => Combine::Rows {
+                        dim,
+                        shapes: target
+                            .shapes
+                            .iter()
+                            .map(|shape| shape.clone().unwrap_or_else(|| [0].into()))
+                            .collect(),
+                    },
+                };
+                (
+                    target.tensor.clone(),
+                    target.linked,
+                    Target { device, combine },
+                )
+            })
+            .collect()
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for Graphs<B, C> {
+    fn leaf(
+        &self,
+        replica: usize,
+        value: Tracked<B>,
+        target: &Tracked<B>,
+        part: Part,
+    ) -> Tracked<B> {
+        if !target.is_tracked() {
+            return value;
+        }
+        let shape = value.primitive.shape();
+        let mut state = self.lock();
+        let key = (target.node.id, matches!(part, Part::Rows { .. }));
+        let count = self.setup.replicas.len();
+        let t = match state.by_node.get(&key) {
+            Some(&t) => t,
+            None => {
+                state.targets.push(TargetEntry {
+                    tensor: target.clone(),
+                    part,
+                    shapes: vec![None; count],
+                    linked: false,
+                });
+                let t = state.targets.len() - 1;
+                state.by_node.insert(key, t);
+                t
+            }
+        };
+        state.targets[t].shapes[replica] = Some(shape);
+        let sentinel = self.sentinel(&mut state, replica);
+        let index = state.replicas[replica].leaves.len();
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index,
+        };
+        let leaf = match StoreBackward::<C>(false, core::marker::PhantomData)
+            .prepare::<C>([sentinel.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value.primitive),
+            OpsKind::UnTracked(prep) => prep.finish(value.primitive),
+        };
+        state.own.insert(leaf.node.id);
+        state.replicas[replica].leaves.push(Leaf {
+            target: t,
+            tensor: Some(leaf.clone()),
+            grad: None,
+        });
+        leaf
+    }
+
+    fn begin_forward(&self) {
+        self.lock().mark = Some(NodeId::new().value);
+    }
+
+    fn output(&self, replica: usize, output: Tracked<B>) -> Tracked<B> {
+        if !output.is_tracked() {
+            return output;
+        }
+        let mut state = self.lock();
+        if let Some(mark) = state.mark {
+            let foreign = |id: NodeId| id.value < mark && !state.own.contains(&id);
+            if foreign(output.node.id) || output.node.parents.iter().any(|p| foreign(p.id)) {
+                state.captured.get_or_insert(replica);
+            }
+        }
+        let hub = self.hub(&mut state);
+        let outputs = &mut state.replicas[replica].outputs;
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index: outputs.len(),
+        };
+        let value = output.primitive.clone();
+        outputs.push((output, None));
+        match StoreBackward::<C>(true, core::marker::PhantomData)
+            .prepare::<C>([hub.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        }
+    }
+
+    fn seal(&self) -> Result<(), usize> {
+        let mut state = self.lock();
+        state.hub = None;
+        for replica in &mut state.replicas {
+            for leaf in &mut replica.leaves {
+                leaf.tensor = None;
+            }
+        }
+        match state.captured {
+            Some(replica) => Err(replica),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One replica's backward, seeded with its outputs' gradients: the root is the flat
+/// concatenation of each output times its gradient (Burn seeds a root with ones, so each
+/// output receives its gradient) and of the sentinel times zero, which makes the sentinel
+/// part of the backward even when no leaf is; a [`StartBackward`] on top reports that the
+/// replica's backward holds its graph. A concatenation rather than a sum, so that the seeding
+/// adds no reduction for CubeCL to tune.
+fn replica_backward<B: ConcatBackend, C: CheckpointStrategy>(
+    seeds: Vec<(Tracked<B>, FloatTensor<B>)>,
+    sentinel: Tracked<B>,
+    key: Key<B, C>,
+) {
+    type A<B, C> = Autodiff<B, C>;
+    let mut parts = vec![A::<B, C>::float_mul_scalar(sentinel, 0.0f32.into())];
+    for (output, grad) in seeds {
+        let seed = <A<B, C> as AutodiffBackend>::from_inner(grad);
+        let term = A::<B, C>::float_mul(output, seed);
+        let count = term.shape().num_elements();
+        let mut term = A::<B, C>::float_reshape(term, [count].into());
+        // Outputs of other float types (half-precision logits) join the f32 sentinel.
+        if term.dtype() != burn::tensor::DType::F32 {
+            term = A::<B, C>::float_cast(term, FloatDType::F32);
+        }
+        parts.push(term);
+    }
+    let cat = A::<B, C>::float_cat(parts, 0);
+    let value = cat.primitive.clone();
+    let root = match StartBackward::<C>(core::marker::PhantomData)
+        .prepare::<C>([cat.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(key, value),
+        OpsKind::UnTracked(prep) => prep.finish(value),
+    };
+    let _ = <A<B, C> as AutodiffBackend>::backward(root);
+}
+
+/// Where a leaf's, a stand-in's or a root's backward reports.
+struct Key<B: ConcatBackend, C: CheckpointStrategy> {
+    graphs: Weak<Graphs<B, C>>,
+    replica: usize,
+    index: usize,
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Clone for Key<B, C> {
+    fn clone(&self) -> Self {
+        Self {
+            graphs: self.graphs.clone(),
+            replica: self.replica,
+            index: self.index,
+        }
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> std::fmt::Debug for Key<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Key({}, {})", self.replica, self.index)
+    }
+}
+
+/// Reports a replica's backward as failed if its job ends (or is dropped unrun) without the
+/// sentinel having reported it done.
+struct Lost<B: ConcatBackend, C: CheckpointStrategy>(Key<B, C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Lost<B, C> {
+    fn fail(&self, message: String) {
+        if let Some(graphs) = self.0.graphs.upgrade() {
+            graphs.report(self.0.replica, Some(message));
+        }
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Drop for Lost<B, C> {
+    fn drop(&mut self) {
+        self.fail("its backward ended without reaching its first leaf".into());
+    }
+}
+
+/// The backward of a leaf (`false`) or a stand-in (`true`): stores its gradient. A
+/// stand-in's hub, their common parent, runs after every stand-in; a replica's sentinel after
+/// every leaf.
+#[derive(Debug)]
+struct StoreBackward<C>(bool, core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StoreBackward<C> {
+    type State = Key<B, C>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let key = ops.state;
+        if let Some(graphs) = key.graphs.upgrade() {
+            graphs.store(key.replica, self.0, key.index, grad);
+        }
+    }
+}
+
+/// A replica's sentinel: reports the replica's backward done.
+#[derive(Debug)]
+struct SentinelBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for SentinelBackward<C> {
+    type State = Key<B, C>;
+
+    /// Every leaf is one level above the sentinel, so every leaf's step has run.
+    fn backward(self, ops: Ops<Self::State, 1>, _: &mut Gradients, _: &mut Checkpointer) {
+        if let Some(graphs) = ops.state.graphs.upgrade() {
+            graphs.report(ops.state.replica, None);
+        }
+    }
+}
+
+/// The root of a replica's backward: the first step it runs, once it holds its graph.
+#[derive(Debug)]
+struct StartBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StartBackward<C> {
+    type State = Key<B, C>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        if let Some(graphs) = ops.state.graphs.upgrade() {
+            graphs.start(ops.state.replica);
+        }
+        let grad = grads.consume::<B>(&ops.node);
+        let [parent] = ops.parents;
+        if let Some(parent) = parent {
+            grads.register::<B>(parent.id, grad);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct HubBackward<C>(core::marker::PhantomData<C>);
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> {
+    type State = Arc<Graphs<B, C>>;
+
+    /// Runs the replicas' backward, combines each target's gradients on the target's device
+    /// and registers them.
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let graphs = ops.state;
+        let (per_replica, failure) = graphs.run_backward();
+        let targets = graphs.reduce_targets();
+        let reduce: Vec<Target<B::Device>> = targets.iter().map(|(_, _, t)| t.clone()).collect();
+        let log = Log(graphs.setup.runtime.clone());
+        let log: Option<&dyn TransferLog> = match graphs.setup.runtime.profiling() {
+            true => Some(&log),
+            false => None,
+        };
+        let totals = comm::reduce_add_coalesced::<B>(per_replica, &reduce, None, log);
+        for ((tensor, linked, _), total) in targets.into_iter().zip(totals) {
+            match total {
+                Some(total) => grads.register::<B>(tensor.node.id, total),
+                // Its own backward step runs after the hub and needs a gradient.
+                None if linked => {
+                    let primitive = &tensor.primitive;
+                    let zeros = B::float_zeros(
+                        primitive.shape(),
+                        &B::float_device(primitive),
+                        FloatDType::from(primitive.dtype()),
+                    );
+                    grads.register::<B>(tensor.node.id, zeros);
+                }
+                None => {}
+            }
+        }
+        if let Some((replica, message)) = failure {
+            let (slot, device) = &graphs.setup.replicas[replica];
+            panic!("the backward of replica {slot} on device {device:?} failed: {message}");
+        }
+    }
+}
+
+/// The runtime as the reduction's transfer log.
+struct Log(Arc<dyn ReplicaRuntime>);
+
+impl TransferLog for Log {
+    fn record(&self, bytes: u64, elapsed: Duration) {
+        self.0.record_transfer(bytes, elapsed);
+    }
+
+    fn timed(&self) -> bool {
+        true
+    }
+}

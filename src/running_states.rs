@@ -1,0 +1,472 @@
+//! Running states (Burn's `RunningState`, such as batch-norm statistics) across replicas.
+//!
+//! A `RunningState` keeps its value behind an `Arc` that every clone of a module shares, and
+//! one pending update per OS thread, averaged when a thread that holds one reads it again or
+//! when the module is turned into its record. Replicas are clones, so by default they all read
+//! the module's one set and leave one update each (one per worker thread); the forward ends
+//! by averaging them.
+//!
+//! Replicas on a device the module is not on get a set of their own per device (when the
+//! wrapper knows how to make one, see [`OwnStates`]): Burn's batch norm would otherwise move
+//! the shared statistics to the replica's device inside the replica's forward, a transfer this
+//! crate cannot fence. After the forward those sets come home in one transfer per dtype and
+//! fold into the module's: `h + Σ n/N (s - h)`, the mean over all replicas' updates, what they
+//! give when all share one set.
+
+use std::collections::{HashMap, HashSet};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::ops::{BoolTensor, IntTensor};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
+
+use crate::backend::{self, ConcatBackend, comm};
+
+/// Makes a copy of a module whose running states are its own: the same parameters and
+/// values, but `RunningState`s that the module and its clones do not share. Burn 0.21 only
+/// makes new running states through a module's constructor or `AutodiffModule`, so this is
+/// `M::from_inner(module.valid())` (or its inner-backend twin).
+pub(crate) type OwnStates<M> = fn(&M) -> M;
+
+/// Where each replica's running states live for one forward, and how they come home.
+pub(crate) struct RunningStates<B: Backend, M> {
+    /// Per replica: `None` for the module's own set, `Some(k)` for own set `k`.
+    groups: Vec<Option<usize>>,
+    /// Each own set (a copy of the module holding it) and the number of replicas using it.
+    sets: Vec<(M, usize)>,
+    /// The ids of the module's running states (empty unless some replica has its own set).
+    ids: HashSet<ParamId>,
+    /// The module's untracked tensors before replicas were made, when a replica elsewhere
+    /// shares them.
+    noted: Option<Noted<B>>,
+    /// Whether a replica on another device shares the module's running states: its forward
+    /// moves them with Burn's `to_device` on its worker thread, out of this crate's reach.
+    pub(crate) shared_elsewhere: bool,
+}
+
+impl<B: ConcatBackend, M: Module<B>> RunningStates<B, M> {
+    /// Plans the running states of replicas on `devices`: with `own_states`, replicas on a
+    /// device that the module is not on get one set per device (one per replica after the
+    /// first with `per_replica`, for tests on one device).
+    pub(crate) fn plan(
+        module: &M,
+        devices: &[B::Device],
+        own_states: Option<OwnStates<M>>,
+        per_replica: bool,
+    ) -> Self {
+        let home = module.devices();
+        // Running states are untracked float tensors; a module without any needs no own sets.
+        let untracked = devices.len() > 1 && !Shapes::of(module).is_empty();
+        let mut own_devices: Vec<&B::Device> = Vec::new();
+        let groups: Vec<Option<usize>> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, device)| {
+                let own = own_states.is_some()
+                    && untracked
+                    && ((per_replica && i > 0) || !home.contains(device));
+                own.then(|| match own_devices.iter().position(|d| *d == device) {
+                    Some(k) if !per_replica => k,
+                    _ => {
+                        own_devices.push(device);
+                        own_devices.len() - 1
+                    }
+                })
+            })
+            .collect();
+        let elsewhere = devices
+            .iter()
+            .zip(&groups)
+            .any(|(device, group)| group.is_none() && !home.contains(device));
+        let noted = (untracked && elsewhere).then(|| Noted::of(module));
+        let mut ids = HashSet::new();
+        let sets = match own_states {
+            Some(fresh) if !own_devices.is_empty() => {
+                let tensors = Tensors::of(module);
+                (0..own_devices.len())
+                    .map(|k| {
+                        let copy = fresh(module);
+                        if k == 0 {
+                            ids = running_states(&copy);
+                        }
+                        let count = groups.iter().filter(|g| **g == Some(k)).count();
+                        (copy.map(&mut Adopt { tensors: &tensors }), count)
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Self {
+            groups,
+            sets,
+            ids,
+            noted,
+            shared_elsewhere: false,
+        }
+    }
+
+    /// Which set replica `replica` uses: `None` for the module's, `Some(k)` for own set `k`.
+    pub(crate) fn group(&self, replica: usize) -> Option<usize> {
+        self.groups[replica]
+    }
+
+    /// The module replica `replica` is copied from: `module`, or the copy holding its set.
+    pub(crate) fn source<'a>(&'a self, module: &'a M, replica: usize) -> &'a M {
+        match self.groups[replica] {
+            Some(k) => &self.sets[k].0,
+            None => module,
+        }
+    }
+
+    /// Puts back the module's running states that making a copy on another device moved
+    /// there (they are shared by every clone); notes whether any was.
+    pub(crate) fn restore(&mut self, module: &M) {
+        if let Some(noted) = self.noted.take() {
+            self.shared_elsewhere = noted.restore(module);
+        }
+    }
+
+    /// After the replicas' forwards: averages the updates of the replicas that share each
+    /// set (Burn's per-thread values), folds the own sets into the module's and brings the
+    /// statistics back to `home`. `devices` are every device the forward used.
+    pub(crate) fn finish(self, module: &M, home: &B::Device, devices: &[B::Device]) {
+        let spans_devices = devices.iter().any(|device| device != home);
+        if spans_devices {
+            // Averaging may move statistics between devices (Burn's own `to_device`).
+            for device in devices {
+                B::fence_receive(device);
+            }
+        }
+        sync(module);
+        self.fold(module, home);
+        if spans_devices {
+            bring_home(module, home);
+            for device in devices {
+                B::fence_transfers(device);
+            }
+        }
+    }
+
+    /// Folds the own sets into `module`'s, whose replicas' updates are already averaged:
+    /// `h + Σ n/N (s - h)` on whole buffers (one transfer per set and dtype), so that states
+    /// no replica updated (inference) come back bit for bit.
+    fn fold(self, module: &M, home: &B::Device) {
+        if self.sets.is_empty() || self.ids.is_empty() {
+            return;
+        }
+        let shared = self.groups.iter().filter(|g| g.is_none()).count();
+        let total = (shared + self.sets.iter().map(|(_, n)| n).sum::<usize>()) as f64;
+        let base = Flat::of(module, &self.ids);
+        let sets: Vec<(HashMap<ParamId, Tensor<B, 1>>, usize)> = self
+            .sets
+            .into_iter()
+            .map(|(copy, count)| {
+                sync(&copy);
+                (Flat::of(&copy, &self.ids).into_iter().collect(), count)
+            })
+            .collect();
+        let mut dtypes: Vec<DType> = Vec::new();
+        for (_, value) in &base {
+            if !dtypes.contains(&value.dtype()) {
+                dtypes.push(value.dtype());
+            }
+        }
+        let mut folded = HashMap::with_capacity(base.len());
+        for dtype in dtypes {
+            let members: Vec<usize> = (0..base.len())
+                .filter(|&i| base[i].1.dtype() == dtype)
+                .collect();
+            let counts: Vec<usize> = members.iter().map(|&i| base[i].1.dims()[0]).collect();
+            let start = backend::coalesce(members.iter().map(|&i| base[i].1.clone()).collect());
+            let mut sum = start.clone();
+            for (set, count) in &sets {
+                let Some(device) = set.values().next().map(Tensor::device) else {
+                    continue;
+                };
+                // A state missing from a set counts as not updated there: the module's value.
+                let pieces = members
+                    .iter()
+                    .map(|&i| match set.get(&base[i].0) {
+                        Some(value) => value.clone(),
+                        None => comm::move_to(base[i].1.clone(), &device),
+                    })
+                    .collect();
+                // One transfer per set and dtype.
+                let moved = comm::move_to(backend::coalesce(pieces), home);
+                let step = moved.sub(start.clone()).mul_scalar(*count as f64 / total);
+                sum = sum.add(step);
+            }
+            for (&i, value) in members.iter().zip(backend::uncoalesce(sum, &counts)) {
+                folded.insert(base[i].0, value);
+            }
+        }
+        let _ = module.clone().map(&mut SetStates { values: folded });
+    }
+}
+
+/// Averages the replicas' pending running-state updates into the shared value: turning a
+/// clone of the module into its record runs Burn's synchronisation.
+pub(crate) fn sync<B: Backend, M: Module<B>>(module: &M) {
+    let _ = module.clone().into_record();
+}
+
+/// The ids of `module`'s running states: the untracked float tensors that a mapped clone of
+/// the module changes in the module itself (Burn's `RunningState` shares its value with
+/// every clone; a parameter does not). Overwrites those states with placeholders.
+fn running_states<B: Backend, M: Module<B>>(module: &M) -> HashSet<ParamId> {
+    let before = Shapes::of(module);
+    let _ = module.clone().map(&mut Placeholders);
+    let after = Shapes::of(module);
+    before
+        .into_iter()
+        .filter(|(id, shape)| after.get(id) != Some(shape))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The shapes of a module's untracked, non-empty float tensors.
+struct Shapes {
+    shapes: HashMap<ParamId, Vec<usize>>,
+}
+
+impl Shapes {
+    fn of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
+        let mut shapes = Self {
+            shapes: HashMap::new(),
+        };
+        module.visit(&mut shapes);
+        shapes.shapes
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Shapes {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if !tensor.is_require_grad() && tensor.shape().num_elements() > 0 {
+            self.shapes.insert(param.id, tensor.dims().to_vec());
+        }
+    }
+}
+
+/// Replaces untracked, non-empty float tensors by uninitialised ones one item longer.
+struct Placeholders;
+
+impl<B: Backend> ModuleMapper<B> for Placeholders {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let tensor = param.val();
+        if tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
+            return param;
+        }
+        param.map(|tensor| {
+            let mut dims = tensor.dims();
+            dims[0] += 1;
+            Tensor::empty(dims, &tensor.device())
+        })
+    }
+}
+
+/// Every tensor of a module, by id.
+struct Tensors<B: Backend> {
+    floats: HashMap<ParamId, TensorPrimitive<B>>,
+    ints: HashMap<ParamId, IntTensor<B>>,
+    bools: HashMap<ParamId, BoolTensor<B>>,
+}
+
+impl<B: Backend> Tensors<B> {
+    fn of<M: Module<B>>(module: &M) -> Self {
+        let mut tensors = Self {
+            floats: HashMap::new(),
+            ints: HashMap::new(),
+            bools: HashMap::new(),
+        };
+        module.visit(&mut tensors);
+        tensors
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Tensors<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.floats.insert(param.id, param.val().into_primitive());
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+        self.ints.insert(param.id, param.val().into_primitive());
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+        self.bools.insert(param.id, param.val().into_primitive());
+    }
+}
+
+/// Gives a copy the module's tensors (parameters with their graph nodes, running states'
+/// values), matched by id; the copy keeps its own running-state containers.
+struct Adopt<'a, B: Backend> {
+    tensors: &'a Tensors<B>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Adopt<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.tensors.floats.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        match self.tensors.ints.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        match self.tensors.bools.get(&param.id) {
+            Some(tensor) => param.map(|_| Tensor::from_primitive(tensor.clone())),
+            None => param,
+        }
+    }
+}
+
+/// A module's running states, flattened, in module order.
+struct Flat<'a, B: Backend> {
+    ids: &'a HashSet<ParamId>,
+    found: Vec<(ParamId, Tensor<B, 1>)>,
+}
+
+impl<B: Backend> Flat<'_, B> {
+    fn of<M: Module<B>>(module: &M, ids: &HashSet<ParamId>) -> Vec<(ParamId, Tensor<B, 1>)> {
+        let mut flat = Flat {
+            ids,
+            found: Vec::new(),
+        };
+        module.visit(&mut flat);
+        flat.found
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Flat<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.ids.contains(&param.id) {
+            let tensor = param.val();
+            let elements = tensor.shape().num_elements();
+            self.found.push((param.id, tensor.reshape([elements])));
+        }
+    }
+}
+
+/// Writes new values into a module's running states (shared by all its clones).
+struct SetStates<B: Backend> {
+    values: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for SetStates<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.values.remove(&param.id) {
+            Some(value) => param.map(|tensor| value.reshape(tensor.dims())),
+            None => param,
+        }
+    }
+}
+
+/// The untracked float tensors of a module (running states, frozen parameters) where they
+/// were before replicas were made; mapping a copy onto another device moves the shared ones
+/// of the module and every clone, and [`Noted::restore`] puts them back.
+struct Noted<B: Backend> {
+    tensors: HashMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: Backend> Noted<B> {
+    fn of<M: Module<B>>(module: &M) -> Self {
+        let mut noted = Self {
+            tensors: HashMap::new(),
+        };
+        module.visit(&mut noted);
+        noted
+    }
+
+    /// Puts back every noted value that a copy moved to another device (the noted tensors are
+    /// the moved values' sources, so nothing is copied); returns whether any was.
+    fn restore<M: Module<B>>(self, module: &M) -> bool {
+        let mut restore = Restore {
+            tensors: self.tensors,
+            restored: false,
+        };
+        let _ = module.clone().map(&mut restore);
+        restore.restored
+    }
+}
+
+impl<B: Backend> ModuleVisitor<B> for Noted<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if !tensor.is_require_grad() {
+            self.tensors.insert(param.id, tensor.into_primitive());
+        }
+    }
+}
+
+struct Restore<B: Backend> {
+    tensors: HashMap<ParamId, TensorPrimitive<B>>,
+    restored: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for Restore<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(noted) = self.tensors.remove(&param.id) else {
+            return param;
+        };
+        let noted = Tensor::<B, D>::from_primitive(noted);
+        param.map(|tensor| {
+            if tensor.device() == noted.device() {
+                tensor
+            } else {
+                self.restored = true;
+                noted
+            }
+        })
+    }
+}
+
+/// Moves every float tensor of `module` that is not on `device` back there, in place: what
+/// reaches the module's running states, which its clones share. After the replicas' forwards,
+/// Burn averages batch-norm statistics on whichever replica's device comes first.
+fn bring_home<B: ConcatBackend, M: Module<B>>(module: &M, device: &B::Device) {
+    let mut away = Away {
+        device,
+        found: false,
+    };
+    module.visit(&mut away);
+    if away.found {
+        B::fence_receive(device);
+        let _ = module.clone().map(&mut Home { device });
+    }
+}
+
+struct Away<'a, B: Backend> {
+    device: &'a B::Device,
+    found: bool,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Away<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.found |= param.val().device() != *self.device;
+    }
+}
+
+struct Home<'a, B: Backend> {
+    device: &'a B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Home<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if param.val().device() == *self.device {
+            return param;
+        }
+        param.map(|tensor| tensor.to_device(self.device))
+    }
+}

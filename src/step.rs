@@ -1,0 +1,289 @@
+//! The forward of a [`DataParallel`]: scatter, replicate, apply in parallel, gather.
+//!
+//! ```text
+//! shards   = scatter(input, devices, dim)     // scatter.rs: split the batch, move each shard
+//! replicas = replicate(module, shard devices) // replicate.rs: differentiable copies
+//! outputs  = parallel_apply(replicas, shards) // parallel_apply.rs: one lane per device
+//! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
+//! ```
+//!
+//! Running states (`running_states.rs`) and the profile (`profile.rs`) are the step's
+//! collaborators; the per-replica backward that the parallel backward sets up here lives in
+//! `backend/replica_graphs.rs`.
+
+use std::sync::Arc;
+
+use burn::module::Module;
+
+use crate::backend::{ConcatBackend, ReplicaGraphs, ReplicaSetup};
+use crate::parallel_apply::{self, Failure, Runtime, Workers};
+use crate::profile::{self, Sink, Stage};
+use crate::replicate::{Links, replicate_for_step};
+use crate::running_states::{self, OwnStates, RunningStates};
+use crate::{BoxError, DataParallel, DataParallelError, Gather, Scatter, Shards};
+
+/// Runs `forward` on every shard of `input` through `dp` and gathers the outputs.
+pub(crate) fn forward<B, M, I, O, E, F>(
+    dp: &DataParallel<B, M>,
+    input: I,
+    forward: F,
+    own_states: Option<OwnStates<M>>,
+) -> Result<O, DataParallelError>
+where
+    B: ConcatBackend,
+    M: Module<B>,
+    I: Scatter<B> + Send,
+    O: Gather<B> + Send,
+    E: Into<BoxError>,
+    F: Fn(&M, I) -> Result<O, E> + Sync,
+{
+    let step = Step::new(dp, dp.shards(&input)?, true)?;
+    let forward = |replica: &M, (shard, input): (usize, I)| {
+        step.replica(shard, || forward(replica, input).map_err(Into::into))
+    };
+    if step.direct(dp) {
+        return step.run_module(dp, input, forward);
+    }
+    let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
+    let links = step.links();
+    let (replicas, states) =
+        step.stage(Stage::Replicate, || step.replicate(dp, own_states, links))?;
+    let results = step.apply(replicas, inputs, &forward);
+    step.stage(Stage::RunningStates, || step.finish_states(dp, states));
+    let outputs = step.outputs(results)?;
+    let gathered = step.stage(Stage::Gather, || O::gather(outputs, &step.shards))?;
+    step.seal()?;
+    Ok(gathered)
+}
+
+/// One step's shards, devices, per-replica graphs and profile.
+pub(crate) struct Step<B: ConcatBackend> {
+    pub(crate) shards: Shards<B>,
+    /// Each device once: the output device, then the replicas' devices.
+    pub(crate) distinct: Vec<B::Device>,
+    pub(crate) sink: Option<Arc<Sink>>,
+    graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
+    workers: Option<Arc<Workers>>,
+}
+
+impl<B: ConcatBackend> Step<B> {
+    /// The step of `dp` over `shards`; with `graphs`, per-replica graphs for the parallel
+    /// backward where the backend and the settings allow.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::DeviceTransfersUnsupported`] for distinct devices on a backend
+    /// that cannot move tensors between them.
+    pub(crate) fn new<M>(
+        dp: &DataParallel<B, M>,
+        shards: Shards<B>,
+        graphs: bool,
+    ) -> Result<Self, DataParallelError> {
+        let settings = &dp.settings;
+        let output_device = &settings.output_device;
+        if !B::device_transfers() && shards.devices().iter().any(|d| d != output_device) {
+            return Err(DataParallelError::DeviceTransfersUnsupported {
+                devices: format!("{:?}", settings.devices),
+            });
+        }
+        let mut distinct = vec![output_device.clone()];
+        for device in shards.devices() {
+            if !distinct.contains(device) {
+                distinct.push(device.clone());
+            }
+        }
+        let sink = settings.profiler.start(shards.len());
+        let workers = settings.workers.clone();
+        let graphs = match &workers {
+            Some(workers) if graphs && settings.parallel_backward && shards.len() > 1 => {
+                let runtime = Runtime {
+                    workers: workers.clone(),
+                    sink: sink.clone(),
+                };
+                B::replica_graphs(ReplicaSetup {
+                    replicas: (shards.replicas().iter().copied())
+                        .zip(shards.devices().iter().cloned())
+                        .collect(),
+                    runtime: Arc::new(runtime),
+                })
+            }
+            _ => None,
+        };
+        Ok(Self {
+            shards: shards.with_graphs(graphs.clone()),
+            distinct,
+            sink,
+            graphs,
+            workers,
+        })
+    }
+
+    /// Whether the module runs as it is, on the calling thread: one shard on the module's
+    /// own device, or a wrapper inside another wrapper's replica, whose input that replica
+    /// already holds.
+    pub(crate) fn direct<M>(&self, dp: &DataParallel<B, M>) -> bool {
+        let devices = self.shards.devices();
+        parallel_apply::in_replica()
+            || (devices.len() == 1 && devices[0] == dp.settings.output_device)
+    }
+
+    /// Runs the module itself on the whole input, as the bare model would.
+    pub(crate) fn run_module<M, I, O, F>(
+        &self,
+        dp: &DataParallel<B, M>,
+        input: I,
+        forward: F,
+    ) -> Result<O, DataParallelError>
+    where
+        M: Module<B>,
+        F: Fn(&M, (usize, I)) -> Result<O, BoxError>,
+    {
+        let result = parallel_apply::run(&dp.module, (0, input), &forward);
+        if self.workers.is_some() && !parallel_apply::in_replica() {
+            // A later forward over several shards reads the statistics on worker threads.
+            self.stage(Stage::RunningStates, || running_states::sync(&dp.module));
+        }
+        result.map_err(|failure| self.error(0, failure))
+    }
+
+    /// The devices a profiled stage synchronises; none when profiling is off.
+    fn involved(&self) -> &[B::Device] {
+        match self.sink {
+            Some(_) => &self.distinct,
+            None => &[],
+        }
+    }
+
+    /// Runs `f` as `stage` of the profile.
+    pub(crate) fn stage<T>(&self, stage: Stage, f: impl FnOnce() -> T) -> T {
+        profile::stage::<B, _>(self.sink.as_ref(), stage, self.involved(), f)
+    }
+
+    /// Runs replica `shard`'s forward `f`, timed in the profile.
+    pub(crate) fn replica<T>(&self, shard: usize, f: impl FnOnce() -> T) -> T {
+        let device = &self.shards.devices()[shard];
+        profile::replica::<B, _>(self.sink.as_ref(), shard, device, f)
+    }
+
+    /// How the replicas of a forward are tied to the module: through the per-replica graphs
+    /// when the step has them, otherwise through the caller's graph.
+    pub(crate) fn links(&self) -> Links<'_, B> {
+        match &self.graphs {
+            Some(graphs) => Links::Graphs(graphs.as_ref()),
+            None => Links::Shared,
+        }
+    }
+
+    /// The replicas of the step, with their running states planned.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::SharedRunningStates`] where a replica on another device would
+    /// move the module's running states inside its forward on a backend that does not order
+    /// such a transfer.
+    pub(crate) fn replicate<M: Module<B>>(
+        &self,
+        dp: &DataParallel<B, M>,
+        own_states: Option<OwnStates<M>>,
+        links: Links<'_, B>,
+    ) -> Result<(Vec<M>, RunningStates<B, M>), DataParallelError> {
+        let settings = &dp.settings;
+        let (replicas, states) = replicate_for_step(
+            &dp.module,
+            self.shards.devices(),
+            settings.bucket_size,
+            own_states,
+            settings.states_per_replica,
+            links,
+        );
+        if states.shared_elsewhere && !B::orders_receives() {
+            return Err(DataParallelError::SharedRunningStates {
+                devices: format!("{:?}", settings.devices),
+            });
+        }
+        Ok((replicas, states))
+    }
+
+    /// Runs `forward` on every replica with its input, each on its slot's lane.
+    pub(crate) fn apply<M, I, O, F>(
+        &self,
+        replicas: Vec<M>,
+        inputs: Vec<I>,
+        forward: &F,
+    ) -> Vec<Result<O, Failure>>
+    where
+        M: Send,
+        I: Send,
+        O: Send,
+        F: Fn(&M, (usize, I)) -> Result<O, BoxError> + Sync,
+    {
+        if let Some(graphs) = &self.graphs {
+            graphs.begin_forward();
+        }
+        let inputs = inputs.into_iter().enumerate();
+        match &self.workers {
+            Some(workers) => {
+                let slots = self.shards.replicas().iter().copied();
+                let jobs = slots.zip(replicas).zip(inputs);
+                let jobs = jobs.map(|((slot, replica), input)| (slot, replica, input));
+                workers.apply(jobs.collect(), forward)
+            }
+            None => (replicas.iter().zip(inputs))
+                .map(|(replica, input)| parallel_apply::run(replica, input, forward))
+                .collect(),
+        }
+    }
+
+    /// Averages and folds the replicas' running-state updates into `dp`'s module.
+    pub(crate) fn finish_states<M: Module<B>>(
+        &self,
+        dp: &DataParallel<B, M>,
+        states: RunningStates<B, M>,
+    ) {
+        states.finish(&dp.module, &dp.settings.output_device, &self.distinct);
+    }
+
+    /// The replicas' outputs, or the first replica's failure.
+    pub(crate) fn outputs<O>(
+        &self,
+        results: Vec<Result<O, Failure>>,
+    ) -> Result<Vec<O>, DataParallelError> {
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(shard, result)| result.map_err(|failure| self.error(shard, failure)))
+            .collect()
+    }
+
+    /// The typed error of shard `shard`'s failure.
+    fn error(&self, shard: usize, failure: Failure) -> DataParallelError {
+        let device = format!("{:?}", self.shards.devices()[shard]);
+        failure.into_error(self.shards.replicas()[shard], device)
+    }
+
+    /// Releases what only the forward needed.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::CapturedTensor`] when a replica's outputs use a tracked tensor
+    /// that it did not receive through its input.
+    fn seal(&self) -> Result<(), DataParallelError> {
+        let Some(graphs) = &self.graphs else {
+            return Ok(());
+        };
+        graphs
+            .seal()
+            .map_err(|shard| DataParallelError::CapturedTensor {
+                replica: self.shards.replicas()[shard],
+                device: format!("{:?}", self.shards.devices()[shard]),
+            })
+    }
+}
+
+impl<B: ConcatBackend> Drop for Step<B> {
+    fn drop(&mut self) {
+        if let Some(graphs) = &self.graphs {
+            let _ = graphs.seal();
+        }
+    }
+}
