@@ -56,7 +56,6 @@ impl Lane {
     fn start(slot: usize, index: usize) -> std::io::Result<Self> {
         let (jobs, queue) = channel::<Job>();
         let pending = Arc::new(AtomicUsize::new(0));
-        let counter = pending.clone();
         let name = match index {
             0 => format!("dataparallel-{slot}"),
             _ => format!("dataparallel-{slot}.{index}"),
@@ -65,20 +64,36 @@ impl Lane {
             IN_REPLICA.with(|flag| flag.set(true));
             for job in queue {
                 let _ = catch_unwind(AssertUnwindSafe(job));
-                counter.fetch_sub(1, Ordering::SeqCst);
             }
         })?;
         Ok(Self { jobs, pending })
     }
 
-    /// Queues `job`, whose place in `pending` the caller has already taken.
+    /// Queues `job`, whose place in `pending` the caller has already taken; `job` gives it
+    /// back when it is done (it holds the lane's [`Busy`]).
     fn send(&self, job: Job) {
         if let Err(returned) = self.jobs.send(job) {
             // The lane's thread is gone (it never exits while the lane exists): run the job
             // here rather than lose it.
-            self.pending.fetch_sub(1, Ordering::SeqCst);
             (returned.0)();
         }
+    }
+
+    /// Takes a place in the lane's queue, given back when the returned guard is dropped.
+    fn busy(&self) -> Busy {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        Busy(self.pending.clone())
+    }
+}
+
+/// A job's place in its lane's queue, given back when the job (run or not) is dropped: the
+/// lane is idle as soon as its last job has released what it holds, before anyone waiting on
+/// that job goes on.
+struct Busy(Arc<AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -118,11 +133,15 @@ impl Workers {
             // Waits for every job even if this thread unwinds while queueing them.
             let _wait = Wait(outstanding.clone());
             for (index, (slot, replica, input)) in jobs.into_iter().enumerate() {
+                let lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
                 let results = results.clone();
                 let done = CountDown(outstanding.clone());
+                let busy = lanes[0].busy();
                 let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
-                    // Dropped last: everything the job borrows is released before it counts.
+                    // Dropped last: everything the job borrows is released, and the lane is
+                    // idle again, before it counts.
                     let _done = done;
+                    let _busy = busy;
                     let result = run(&replica, input, f);
                     drop(replica);
                     results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
@@ -133,8 +152,6 @@ impl Workers {
                 // also on unwinding), which happens after the job has run, or when it is
                 // dropped unrun.
                 let job: Job = unsafe { std::mem::transmute(job) };
-                let lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
-                lanes[0].pending.fetch_add(1, Ordering::SeqCst);
                 lanes[0].send(job);
             }
         }
@@ -149,26 +166,24 @@ impl Workers {
     /// lane when none is, and returns at once.
     pub(crate) fn spawn(&self, slot: usize, job: Job) {
         let mut lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
-        let idle = lanes.iter().find(|lane| {
-            (lane.pending)
-                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        });
-        if let Some(lane) = idle {
-            return lane.send(job);
-        }
-        match Lane::start(slot, lanes.len()) {
-            Ok(lane) => {
-                lane.pending.store(1, Ordering::SeqCst);
-                lane.send(job);
-                lanes.push(lane);
-            }
-            // No thread to be had: queue it behind the first lane's work.
-            Err(_) => {
-                lanes[0].pending.fetch_add(1, Ordering::SeqCst);
-                lanes[0].send(job);
-            }
-        }
+        // Places are only taken under this lock, so an idle lane stays idle until `busy`.
+        let idle = (lanes.iter()).position(|lane| lane.pending.load(Ordering::SeqCst) == 0);
+        let lane = match idle {
+            Some(index) => index,
+            None => match Lane::start(slot, lanes.len()) {
+                Ok(lane) => {
+                    lanes.push(lane);
+                    lanes.len() - 1
+                }
+                // No thread to be had: queue it behind the first lane's work.
+                Err(_) => 0,
+            },
+        };
+        let busy = lanes[lane].busy();
+        lanes[lane].send(Box::new(move || {
+            let _busy = busy;
+            job();
+        }));
     }
 }
 

@@ -12,6 +12,8 @@ mod equivalence;
 mod errors;
 #[cfg(feature = "cuda")]
 mod faults;
+mod graphs;
 #[cfg(feature = "train")]
 mod learner;
+mod races;
 mod training;

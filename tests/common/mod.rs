@@ -46,6 +46,8 @@ pub type CubeAd =
 /// `cuda_fusion::name`, `cuda_cube::name`, `cuda_half::name` and `cuda_cube_half::name`,
 /// each calling `body::<Backend>(args)`. Attributes written before `name` apply to the Flex
 /// variant only.
+///
+/// Every body runs under [`within`]: a test that hangs fails after a bounded time.
 #[macro_export]
 macro_rules! backend_tests {
     // One CUDA backend's module: its tolerance is set on the test thread first.
@@ -55,19 +57,29 @@ macro_rules! backend_tests {
         mod $module {
             use super::*;
             $(#[test] fn $name() {
-                $crate::common::set_tolerance($crate::common::$tolerance);
-                $body::<$crate::common::$backend>($($arg),*)
+                $crate::common::within(stringify!($name), || {
+                    $crate::common::set_tolerance($crate::common::$tolerance);
+                    $body::<$crate::common::$backend>($($arg),*)
+                })
             })*
         }
     };
     ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* );)*) => {
         mod flex {
             use super::*;
-            $(#[test] $(#[$flex])* fn $name() { $body::<$crate::common::FlexAd>($($arg),*) })*
+            $(#[test] $(#[$flex])* fn $name() {
+                $crate::common::within(stringify!($name), || {
+                    $body::<$crate::common::FlexAd>($($arg),*)
+                })
+            })*
         }
         mod ndarray {
             use super::*;
-            $(#[test] fn $name() { $body::<$crate::common::NdArrayAd>($($arg),*) })*
+            $(#[test] fn $name() {
+                $crate::common::within(stringify!($name), || {
+                    $body::<$crate::common::NdArrayAd>($($arg),*)
+                })
+            })*
         }
         $crate::backend_tests!(@cuda cuda_fusion, TF32_TOLERANCE, CudaAd;
             $($name => $body($($arg),*);)*);
@@ -78,6 +90,29 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@cuda cuda_cube_half, HALF_TOLERANCE, CubeHalfAd;
             $($name => $body($($arg),*);)*);
     };
+}
+
+/// Runs `body` on a thread of its own and fails the test if it has not finished within
+/// `DATAPARALLEL_TEST_TIMEOUT` seconds (120 by default): a hang becomes a failure naming the
+/// test instead of a CI run that never ends. Panics of `body` come through unchanged.
+pub fn within<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+    let limit = std::env::var("DATAPARALLEL_TEST_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120u64);
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+            let _ = sender.send(result);
+        })
+        .expect("a test thread");
+    match receiver.recv_timeout(std::time::Duration::from_secs(limit)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(payload)) => std::panic::resume_unwind(payload),
+        Err(_) => panic!("{name} did not finish within {limit} s: it hangs"),
+    }
 }
 
 /// `n` entries of the backend's default device: several replicas on one device exercise every
@@ -321,6 +356,53 @@ pub fn param_values<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<f32>> {
     let mut collect = Collect(Vec::new());
     module.visit(&mut collect);
     collect.0
+}
+
+/// Every trainable float parameter's gradient, `None` where it has none, by id in visiting
+/// order.
+pub fn maybe_param_grads<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &B::Gradients,
+) -> Vec<(ParamId, Option<Vec<f32>>)> {
+    struct Collect<'a, B: AutodiffBackend> {
+        grads: &'a B::Gradients,
+        out: Vec<(ParamId, Option<Vec<f32>>)>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let tensor = param.val();
+            if tensor.is_require_grad() {
+                let grad = tensor.grad(self.grads).map(|g| data_values(g.into_data()));
+                self.out.push((param.id, grad));
+            }
+        }
+    }
+    let mut collect = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut collect);
+    collect.out
+}
+
+/// Asserts that the same parameters have gradients and that those gradients are close.
+pub fn assert_maybe_grads_close(
+    actual: &[(ParamId, Option<Vec<f32>>)],
+    expected: &[(ParamId, Option<Vec<f32>>)],
+) {
+    assert_eq!(actual.len(), expected.len(), "parameter count");
+    for ((id, a), (id_ref, e)) in actual.iter().zip(expected) {
+        assert_eq!(id, id_ref, "parameter order");
+        match (a, e) {
+            (Some(a), Some(e)) => assert_close(a, e, &format!("gradient of parameter {id}")),
+            (None, None) => {}
+            _ => panic!(
+                "parameter {id}: gradient {} through the wrapper, {} for the bare model",
+                if a.is_some() { "present" } else { "absent" },
+                if e.is_some() { "present" } else { "absent" },
+            ),
+        }
+    }
 }
 
 pub fn assert_grads_close(actual: &[(ParamId, Vec<f32>)], expected: &[(ParamId, Vec<f32>)]) {
