@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use burn::config::Config;
-use burn::module::Module;
 use burn::tensor::backend::Backend;
 
+use crate::error::DataParallelError;
 use crate::parallel_apply::Workers;
 use crate::profile::Profiler;
-use crate::{DataParallel, DataParallelError};
+use crate::scatter::Scatter;
+use crate::shards::Shards;
 
 /// How a model's own training step reduces its loss over the batch, which says how the
 /// wrapper combines the replicas' gradients under burn-train's `Learner`
@@ -80,29 +81,6 @@ pub struct DataParallelConfig {
     pub loss_reduction: LossReduction,
 }
 
-impl DataParallelConfig {
-    /// Wraps `module` to run on `devices` with these settings.
-    ///
-    /// The module's lazy parameters are initialised and, where they are not on the output
-    /// device, the module is forked there. A device may appear more than once: each entry is
-    /// one replica with its own worker thread.
-    ///
-    /// # Errors
-    ///
-    /// [`DataParallelError::NoDevices`], [`DataParallelError::OutputDeviceIndex`],
-    /// [`DataParallelError::ShardWeightsLength`], [`DataParallelError::InvalidShardWeight`] for
-    /// settings that do not fit `devices`; [`DataParallelError::WorkerSpawn`] when the worker
-    /// threads cannot be started.
-    pub fn init<B: Backend, M: Module<B>>(
-        &self,
-        module: M,
-        devices: Vec<B::Device>,
-    ) -> Result<DataParallel<B, M>, DataParallelError> {
-        let settings = Settings::new(self, devices)?;
-        Ok(DataParallel::from_settings(module, settings))
-    }
-}
-
 /// Everything a wrapper is besides its module; shared by its clones and its `valid()` copy
 /// (the workers and the profiler by reference).
 #[derive(Debug, Clone)]
@@ -121,9 +99,31 @@ pub(crate) struct Settings<D> {
     pub(crate) profiler: Arc<Profiler>,
 }
 
-impl<D: Clone> Settings<D> {
+impl<D: Clone + PartialEq> Settings<D> {
+    /// How `input` would be split over these devices ([`DataParallel::shards`]).
+    pub(crate) fn shards<B: Backend<Device = D>, I: Scatter<B>>(
+        &self,
+        input: &I,
+    ) -> Result<Shards<B>, DataParallelError> {
+        let dim = self.dim;
+        match input.batch_size(dim)? {
+            None => Err(DataParallelError::NothingToScatter { dim }),
+            Some(0) => Err(DataParallelError::EmptyBatch { dim }),
+            Some(batch_size) => Ok(Shards::new(
+                batch_size,
+                &self.devices,
+                self.shard_weights.as_deref(),
+                dim,
+                self.output_device.clone(),
+            )),
+        }
+    }
+
     /// Validates `config` against `devices` and starts the workers.
-    fn new(config: &DataParallelConfig, devices: Vec<D>) -> Result<Self, DataParallelError> {
+    pub(crate) fn new(
+        config: &DataParallelConfig,
+        devices: Vec<D>,
+    ) -> Result<Self, DataParallelError> {
         if devices.is_empty() {
             return Err(DataParallelError::NoDevices);
         }

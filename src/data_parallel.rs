@@ -5,12 +5,16 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::backend::ConcatBackend;
 use crate::config::Settings;
+use crate::config::{DataParallelConfig, LossReduction};
+use crate::error::{BoxError, DataParallelError};
+use crate::forward::Forward;
+use crate::gather::Gather;
+use crate::profile::StepProfile;
 use crate::replicate::initialize;
 use crate::running_states::OwnStates;
-use crate::{
-    BoxError, DataParallelConfig, DataParallelError, Gather, LossReduction, Scatter, Shards,
-    StepProfile, step,
-};
+use crate::scatter::Scatter;
+use crate::shards::Shards;
+use crate::step;
 
 /// A module whose forward splits the batch over several devices and runs one replica per
 /// device at the same time.
@@ -57,40 +61,27 @@ pub struct DataParallel<B: Backend, M> {
     pub(crate) own_states: Option<OwnStates<M>>,
 }
 
-/// A module that [`DataParallel::forward`] can run: one input type to split, one output type
-/// to gather.
-///
-/// # Example
-///
-/// ```
-/// use burn::nn::Linear;
-/// use burn::tensor::{Tensor, backend::Backend};
-/// use burn_dataparallel::{ConcatBackend, Forward};
-///
-/// #[derive(burn::module::Module, Debug)]
-/// struct Classifier<B: Backend> {
-///     linear: Linear<B>,
-/// }
-///
-/// // `ConcatBackend`: every Burn backend but Candle, LibTorch and the router, with or
-/// // without autodiff, so that the wrapper's `valid()` copy can run it too.
-/// impl<B: ConcatBackend> Forward<B> for Classifier<B> {
-///     type Input = Tensor<B, 2>;
-///     type Output = Tensor<B, 2>;
-///
-///     fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
-///         self.linear.forward(input)
-///     }
-/// }
-/// ```
-pub trait Forward<B: Backend> {
-    /// What the forward takes; split into one shard per replica.
-    type Input: Scatter<B> + Send;
-    /// What the forward returns; gathered from all replicas.
-    type Output: Gather<B> + Send;
-
-    /// Runs the module on one shard.
-    fn forward(&self, input: Self::Input) -> Self::Output;
+impl DataParallelConfig {
+    /// Wraps `module` to run on `devices` with these settings.
+    ///
+    /// The module's lazy parameters are initialised and, where they are not on the output
+    /// device, the module is forked there. A device may appear more than once: each entry is
+    /// one replica with its own worker thread.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::NoDevices`], [`DataParallelError::OutputDeviceIndex`],
+    /// [`DataParallelError::ShardWeightsLength`], [`DataParallelError::InvalidShardWeight`] for
+    /// settings that do not fit `devices`; [`DataParallelError::WorkerSpawn`] when the worker
+    /// threads cannot be started.
+    pub fn init<B: Backend, M: Module<B>>(
+        &self,
+        module: M,
+        devices: Vec<B::Device>,
+    ) -> Result<DataParallel<B, M>, DataParallelError> {
+        let settings = Settings::new(self, devices)?;
+        Ok(DataParallel::from_settings(module, settings))
+    }
 }
 
 impl<B: Backend, M: Module<B>> DataParallel<B, M> {
@@ -211,18 +202,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of [`Scatter::batch_size`], [`DataParallelError::NothingToScatter`] when `input`
     /// holds no tensor, and [`DataParallelError::EmptyBatch`] when its batch is empty.
     pub fn shards<I: Scatter<B>>(&self, input: &I) -> Result<Shards<B>, DataParallelError> {
-        let dim = self.settings.dim;
-        match input.batch_size(dim)? {
-            None => Err(DataParallelError::NothingToScatter { dim }),
-            Some(0) => Err(DataParallelError::EmptyBatch { dim }),
-            Some(batch_size) => Ok(Shards::new(
-                batch_size,
-                &self.settings.devices,
-                self.settings.shard_weights.as_deref(),
-                dim,
-                self.settings.output_device.clone(),
-            )),
-        }
+        self.settings.shards(input)
     }
 
     /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
@@ -345,7 +325,13 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         E: Into<BoxError>,
         F: Fn(&M, I) -> Result<O, E> + Sync,
     {
-        step::forward(self, input, forward, self.own_states)
+        step::forward(
+            &self.module,
+            &self.settings,
+            input,
+            forward,
+            self.own_states,
+        )
     }
 }
 

@@ -6,7 +6,8 @@ use std::hash::{BuildHasher, Hash};
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::backend::{ConcatBackend, ConcatKind, comm};
-use crate::{DataParallelError, Shards};
+use crate::error::DataParallelError;
+use crate::shards::Shards;
 
 /// A value that can be combined from one output per replica.
 ///

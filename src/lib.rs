@@ -235,6 +235,7 @@ pub mod backend;
 mod config;
 mod data_parallel;
 mod error;
+mod forward;
 mod gather;
 mod kernels;
 mod macros;
@@ -252,8 +253,9 @@ mod warm_up;
 
 pub use backend::{ConcatBackend, DataParallelBackend};
 pub use config::{DataParallelConfig, LossReduction};
-pub use data_parallel::{DataParallel, Forward};
+pub use data_parallel::DataParallel;
 pub use error::{BoxError, DataParallelError};
+pub use forward::Forward;
 pub use gather::{Gather, Mean, Sum};
 pub use profile::StepProfile;
 pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};

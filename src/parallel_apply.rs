@@ -20,8 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::backend::ReplicaRuntime;
+use crate::error::{BoxError, DataParallelError};
 use crate::profile::Sink;
-use crate::{BoxError, DataParallelError};
 
 /// A job for a lane; the lane catches its panics.
 type Job = Box<dyn FnOnce() + Send + 'static>;

@@ -16,15 +16,20 @@ use std::sync::Arc;
 use burn::module::Module;
 
 use crate::backend::{ConcatBackend, ReplicaGraphs, ReplicaSetup};
+use crate::config::Settings;
+use crate::error::{BoxError, DataParallelError};
+use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure, Runtime, Workers};
 use crate::profile::{self, Sink, Stage};
 use crate::replicate::{Links, replicate_for_step};
 use crate::running_states::{self, OwnStates, RunningStates};
-use crate::{BoxError, DataParallel, DataParallelError, Gather, Scatter, Shards};
+use crate::scatter::Scatter;
+use crate::shards::Shards;
 
 /// Runs `forward` on every shard of `input` through `dp` and gathers the outputs.
 pub(crate) fn forward<B, M, I, O, E, F>(
-    dp: &DataParallel<B, M>,
+    module: &M,
+    settings: &Settings<B::Device>,
     input: I,
     forward: F,
     own_states: Option<OwnStates<M>>,
@@ -37,19 +42,22 @@ where
     E: Into<BoxError>,
     F: Fn(&M, I) -> Result<O, E> + Sync,
 {
-    let step = Step::new(dp, dp.shards(&input)?, true)?;
+    let step = Step::new(settings, settings.shards(&input)?, true)?;
     let forward = |replica: &M, (shard, input): (usize, I)| {
         step.replica(shard, || forward(replica, input).map_err(Into::into))
     };
-    if step.direct(dp) {
-        return step.run_module(dp, input, forward);
+    if step.direct(settings) {
+        return step.run_module(module, input, forward);
     }
     let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
     let links = step.links();
-    let (replicas, states) =
-        step.stage(Stage::Replicate, || step.replicate(dp, own_states, links))?;
+    let (replicas, states) = step.stage(Stage::Replicate, || {
+        step.replicate(module, settings, own_states, links)
+    })?;
     let results = step.apply(replicas, inputs, &forward);
-    step.stage(Stage::RunningStates, || step.finish_states(dp, states));
+    step.stage(Stage::RunningStates, || {
+        states.finish(module, &settings.output_device, &step.distinct)
+    });
     let outputs = step.outputs(results)?;
     let gathered = step.stage(Stage::Gather, || O::gather(outputs, &step.shards))?;
     step.seal()?;
@@ -74,12 +82,11 @@ impl<B: ConcatBackend> Step<B> {
     ///
     /// [`DataParallelError::DeviceTransfersUnsupported`] for distinct devices on a backend
     /// that cannot move tensors between them.
-    pub(crate) fn new<M>(
-        dp: &DataParallel<B, M>,
+    pub(crate) fn new(
+        settings: &Settings<B::Device>,
         shards: Shards<B>,
         graphs: bool,
     ) -> Result<Self, DataParallelError> {
-        let settings = &dp.settings;
         let output_device = &settings.output_device;
         if !B::device_transfers() && shards.devices().iter().any(|d| d != output_device) {
             return Err(DataParallelError::DeviceTransfersUnsupported {
@@ -121,16 +128,15 @@ impl<B: ConcatBackend> Step<B> {
     /// Whether the module runs as it is, on the calling thread: one shard on the module's
     /// own device, or a wrapper inside another wrapper's replica, whose input that replica
     /// already holds.
-    pub(crate) fn direct<M>(&self, dp: &DataParallel<B, M>) -> bool {
+    pub(crate) fn direct(&self, settings: &Settings<B::Device>) -> bool {
         let devices = self.shards.devices();
-        parallel_apply::in_replica()
-            || (devices.len() == 1 && devices[0] == dp.settings.output_device)
+        parallel_apply::in_replica() || (devices.len() == 1 && devices[0] == settings.output_device)
     }
 
     /// Runs the module itself on the whole input, as the bare model would.
     pub(crate) fn run_module<M, I, O, F>(
         &self,
-        dp: &DataParallel<B, M>,
+        module: &M,
         input: I,
         forward: F,
     ) -> Result<O, DataParallelError>
@@ -138,10 +144,10 @@ impl<B: ConcatBackend> Step<B> {
         M: Module<B>,
         F: Fn(&M, (usize, I)) -> Result<O, BoxError>,
     {
-        let result = parallel_apply::run(&dp.module, (0, input), &forward);
+        let result = parallel_apply::run(module, (0, input), &forward);
         if self.workers.is_some() && !parallel_apply::in_replica() {
             // A later forward over several shards reads the statistics on worker threads.
-            self.stage(Stage::RunningStates, || running_states::sync(&dp.module));
+            self.stage(Stage::RunningStates, || running_states::sync(module));
         }
         result.map_err(|failure| self.error(0, failure))
     }
@@ -183,13 +189,13 @@ impl<B: ConcatBackend> Step<B> {
     /// such a transfer.
     pub(crate) fn replicate<M: Module<B>>(
         &self,
-        dp: &DataParallel<B, M>,
+        module: &M,
+        settings: &Settings<B::Device>,
         own_states: Option<OwnStates<M>>,
         links: Links<'_, B>,
     ) -> Result<(Vec<M>, RunningStates<B, M>), DataParallelError> {
-        let settings = &dp.settings;
         let (replicas, states) = replicate_for_step(
-            &dp.module,
+            module,
             self.shards.devices(),
             settings.bucket_size,
             own_states,
@@ -232,15 +238,6 @@ impl<B: ConcatBackend> Step<B> {
                 .map(|(replica, input)| parallel_apply::run(replica, input, forward))
                 .collect(),
         }
-    }
-
-    /// Averages and folds the replicas' running-state updates into `dp`'s module.
-    pub(crate) fn finish_states<M: Module<B>>(
-        &self,
-        dp: &DataParallel<B, M>,
-        states: RunningStates<B, M>,
-    ) {
-        states.finish(&dp.module, &dp.settings.output_device, &self.distinct);
     }
 
     /// The replicas' outputs, or the first replica's failure.

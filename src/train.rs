@@ -22,13 +22,18 @@ use burn::train::{
 
 use crate::backend::comm::{self, Combine, Target};
 use crate::backend::{ConcatBackend, DataParallelBackend};
+use crate::config::LossReduction;
 use crate::config::Settings;
+use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
+use crate::error::DataParallelError;
+use crate::gather::{Gather, Mean};
 use crate::profile::Stage;
 use crate::replicate::Links;
 use crate::running_states::OwnStates;
+use crate::scatter::Scatter;
+use crate::shards::Shards;
 use crate::step::{self, Step};
-use crate::{DataParallel, DataParallelError, Gather, LossReduction, Mean, Scatter, Shards};
 
 impl<B, M> TrainStep for DataParallel<B, M>
 where
@@ -94,7 +99,8 @@ where
     /// `InferenceStep` has no error channel.
     fn step(&self, item: M::Input) -> M::Output {
         step::forward(
-            self,
+            &self.module,
+            &self.settings,
             item,
             |replica, shard| Ok::<_, std::convert::Infallible>(InferenceStep::step(replica, shard)),
             self.own_states,
@@ -114,19 +120,22 @@ where
     M::Input: Scatter<B>,
     M::Output: Gather<B> + Send,
 {
-    let step = Step::new(dp, dp.shards(&item)?, false)?;
-    if step.direct(dp) {
+    let settings = &dp.settings;
+    let step = Step::new(settings, settings.shards(&item)?, false)?;
+    if step.direct(settings) {
         return Ok(TrainStep::step(&dp.module, item));
     }
     let inputs = step.stage(Stage::Scatter, || item.scatter(&step.shards));
     let own = dp.own_states.or(Some(own_states::<B, M>));
     let (replicas, states) = step.stage(Stage::Replicate, || {
-        step.replicate(dp, own, Links::Independent)
+        step.replicate(&dp.module, settings, own, Links::Independent)
     })?;
     let results = step.apply(replicas, inputs, &|replica: &M, (shard, input)| {
         step.replica(shard, || Ok(TrainStep::step(replica, input)))
     });
-    step.stage(Stage::RunningStates, || step.finish_states(dp, states));
+    step.stage(Stage::RunningStates, || {
+        states.finish(&dp.module, &settings.output_device, &step.distinct)
+    });
     let (grads, items): (Vec<_>, Vec<_>) = step
         .outputs(results)?
         .into_iter()

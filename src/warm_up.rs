@@ -7,9 +7,13 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::backend::ConcatBackend;
+use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
+use crate::error::DataParallelError;
+use crate::gather::Sum;
 use crate::profile::synchronize;
-use crate::{DataParallel, DataParallelError, Scatter, Sum, step};
+use crate::scatter::Scatter;
+use crate::step;
 
 /// What [`DataParallel::warm_up`] did and how long it took.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,7 +87,8 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
         // Running states per device as in `TrainStep`: the step that follows may use either.
         let own_states = self.own_states.or(Some(own_states::<B, M>));
         let Sum(total) = step::forward(
-            self,
+            &self.module,
+            &self.settings,
             sample,
             |replica, shard| Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard))),
             own_states,

@@ -67,28 +67,6 @@ impl<B: ConcatBackend> Backward<B, 1> for SplitBackward {
     }
 }
 
-#[derive(Debug)]
-struct JoinBackward;
-
-impl<B: ConcatBackend, const N: usize> Backward<B, N> for JoinBackward {
-    type State = ();
-
-    /// Nothing flows back: the join's output is never used.
-    fn backward(self, _: Ops<Self::State, N>, _: &mut Gradients, _: &mut Checkpointer) {}
-}
-
-/// One graph node with exactly `N` of `tensors` as parents; its value is the first tensor's.
-fn join_n<B: ConcatBackend, C: CheckpointStrategy, const N: usize>(
-    tensors: Vec<Tensor<B>>,
-) -> Tensor<B> {
-    let nodes: [_; N] = core::array::from_fn(|i| tensors[i].node.clone());
-    let value = tensors[0].primitive.clone();
-    match JoinBackward.prepare::<C>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((), value),
-        OpsKind::UnTracked(prep) => prep.finish(value),
-    }
-}
-
 /// The gradients of a coalesced transfer's pieces, collected until the transfer's own
 /// backward step moves them back together.
 struct Bucket<B: ConcatBackend> {
@@ -208,23 +186,6 @@ macro_rules! concat_by_count {
     };
 }
 
-/// A tracked join of 1 to 16 tensors.
-pub(super) fn join<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tensor<B>>) -> Tensor<B> {
-    join_by_count::<B, C>(tensors)
-}
-
-fn join_by_count<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tensor<B>>) -> Tensor<B> {
-    macro_rules! by_count {
-        ($($n:literal)+) => {
-            match tensors.len() {
-                $($n => join_n::<B, C, $n>(tensors),)+
-                _ => unreachable!("at most {MAX_TRACKED_INPUTS} inputs"),
-            }
-        };
-    }
-    by_count!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
-}
-
 impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
     fn float_concat(mut tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
         if tensors.len() > MAX_TRACKED_INPUTS {
@@ -324,7 +285,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
             let mut joined = Vec::new();
             while !tensors.is_empty() {
                 let rest = tensors.split_off(tensors.len().min(MAX_TRACKED_INPUTS));
-                joined.push(join_by_count::<B, C>(tensors));
+                joined.push(super::replica_graphs::join::<B, C>(tensors));
                 tensors = rest;
             }
             tensors = joined;

@@ -11,10 +11,14 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
+use burn::tensor::{Bool, Int, Tensor, TensorPrimitive, backend::Backend};
 
-use crate::backend::{ConcatBackend, Part, ReplicaGraphs, comm};
+use crate::backend::{ConcatBackend, Part, ReplicaGraphs};
 use crate::running_states::{OwnStates, RunningStates};
+
+mod broadcast;
+
+use broadcast::move_coalesced;
 
 /// Default size of one coalesced parameter transfer: 25 MiB.
 pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
@@ -263,126 +267,6 @@ impl<B: Backend> ModuleMapper<B> for Leaves<'_, B> {
     }
 }
 
-/// A float parameter bound for another device, flattened.
-struct Outgoing<B: Backend> {
-    id: ParamId,
-    flat: Tensor<B, 1>,
-    dtype: DType,
-    tracked: bool,
-}
-
-/// A copy of `module` on `device`, float parameters moved in coalesced buckets; the module
-/// itself (a clone) when everything is there already.
-fn move_coalesced<B: ConcatBackend, M: Module<B>>(
-    module: &M,
-    device: &B::Device,
-    bucket_size: usize,
-) -> M {
-    move_coalesced_inner(module, device, bucket_size, true)
-}
-
-/// [`move_coalesced`]; `skip_local: false` sends even parameters already on `device` through
-/// the buckets, so that one-device tests run the whole transfer path.
-fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
-    module: &M,
-    device: &B::Device,
-    bucket_size: usize,
-    skip_local: bool,
-) -> M {
-    let mut collect = Collect {
-        device,
-        skip_local,
-        outgoing: Vec::new(),
-        others_elsewhere: false,
-    };
-    module.visit(&mut collect);
-    if collect.outgoing.is_empty() && !collect.others_elsewhere {
-        return module.clone();
-    }
-    let outgoing = collect.outgoing;
-    let layout: Vec<(DType, bool, usize)> = outgoing
-        .iter()
-        .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
-        .collect();
-    let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
-    for bucket in comm::plan_buckets(&layout, bucket_size) {
-        let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
-        for (&i, piece) in bucket.iter().zip(comm::move_coalesced(flats, device)) {
-            arrived.insert(outgoing[i].id, piece);
-        }
-    }
-    module.clone().map(&mut MoveTo { device, arrived })
-}
-
-/// Flattens every non-empty float parameter that is not on `device` yet.
-struct Collect<'a, B: Backend> {
-    device: &'a B::Device,
-    skip_local: bool,
-    outgoing: Vec<Outgoing<B>>,
-    /// Whether a parameter that does not travel in a bucket is on another device.
-    others_elsewhere: bool,
-}
-
-impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        let elements = tensor.shape().num_elements();
-        let local = tensor.device() == *self.device;
-        if elements == 0 || (self.skip_local && local) {
-            self.others_elsewhere |= !local;
-            return;
-        }
-        let TensorPrimitive::Float(_) = tensor.clone().into_primitive() else {
-            // Quantized parameters move on their own.
-            self.others_elsewhere |= !local;
-            return;
-        };
-        self.outgoing.push(Outgoing {
-            id: param.id,
-            dtype: tensor.dtype(),
-            tracked: tensor.is_require_grad(),
-            flat: tensor.reshape([elements]),
-        });
-    }
-
-    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.others_elsewhere |= param.val().device() != *self.device;
-    }
-
-    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.others_elsewhere |= param.val().device() != *self.device;
-    }
-}
-
-/// Puts the moved float parameters in place and moves the rest one by one.
-struct MoveTo<'a, B: ConcatBackend> {
-    device: &'a B::Device,
-    arrived: HashMap<ParamId, Tensor<B, 1>>,
-}
-
-impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        match self.arrived.remove(&param.id) {
-            Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),
-            None => param.map(|tensor| comm::move_to(tensor, self.device)),
-        }
-    }
-
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        param.map(|tensor| comm::move_to(tensor, self.device))
-    }
-
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        param.map(|tensor| comm::move_to(tensor, self.device))
-    }
-}
-
 /// Initialises every lazy parameter of `module` in place.
 ///
 /// A lazy parameter that is cloned before initialisation initialises separately in each clone
@@ -405,128 +289,5 @@ impl<B: Backend> ModuleVisitor<B> for Initialize {
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
         let _ = param.val();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend;
-    use burn::backend::{Autodiff, Flex};
-
-    type B = Autodiff<Flex>;
-
-    #[derive(Module, Debug)]
-    struct Mlp<B: Backend> {
-        first: burn::nn::Linear<B>,
-        second: burn::nn::Linear<B>,
-    }
-
-    impl<B: Backend> Mlp<B> {
-        fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-            self.second.forward(self.first.forward(x).tanh())
-        }
-    }
-
-    /// A whole module through the buckets (forced on one device): the copy computes the same
-    /// output bit for bit, the original parameters get the same gradients, and the profile
-    /// counts one transfer per bucket each way.
-    #[test]
-    fn a_module_moved_in_buckets_trains_like_the_original() {
-        use crate::profile::{Profiler, Stage, stage};
-        use burn::nn::LinearConfig;
-
-        let device = Default::default();
-        let mut model = Mlp::<B> {
-            first: LinearConfig::new(6, 16).init(&device),
-            second: LinearConfig::new(16, 3).init(&device),
-        };
-        // A frozen parameter travels in a bucket of its own and gains no gradient.
-        model.second.weight = model.second.weight.set_require_grad(false);
-        let x = Tensor::<B, 2>::from_floats([[0.5, -1.0, 2.0, 0.0, 1.5, -0.25]; 3], &device);
-
-        let profiler = Profiler::default();
-        profiler.set_enabled(true);
-        let sink = profiler.start(1);
-        // 256-byte buckets: [first.weight 384 B], [first.bias 64 B, second.bias 12 B] tracked,
-        // [second.weight 192 B] frozen.
-        let copy = stage::<B, _>(sink.as_ref(), Stage::Replicate, &[device], || {
-            move_coalesced_inner(&model, &device, 256, false)
-        });
-        let output = copy.forward(x.clone());
-        let expected = model.forward(x);
-        assert_eq!(output.to_data(), expected.to_data());
-
-        let grads = (output.clone() * output).sum().backward();
-        let reference = (expected.clone() * expected).sum().backward();
-        let weight = model.first.weight.val();
-        assert_eq!(
-            weight.grad(&grads).unwrap().to_data(),
-            weight.grad(&reference).unwrap().to_data()
-        );
-        let biases = [
-            model.first.bias.as_ref().unwrap().val(),
-            model.second.bias.as_ref().unwrap().val(),
-        ];
-        for (i, param) in biases.iter().enumerate() {
-            let got = param.grad(&grads).expect("gradient");
-            let want = param.grad(&reference).expect("gradient");
-            assert_eq!(got.to_data(), want.to_data(), "bias {i}");
-        }
-        assert!(model.second.weight.val().grad(&grads).is_none());
-        assert!(!copy.second.weight.val().is_require_grad());
-
-        let profile = profiler.last().unwrap();
-        assert_eq!(profile.bytes_broadcast, 4 * (96 + 16 + 48 + 3));
-        assert_eq!(profile.broadcast_transfers, 3);
-        assert_eq!(profile.bytes_reduced, 4 * (96 + 16 + 3));
-        assert_eq!(profile.reduce_transfers, 2);
-    }
-
-    /// Coalesce then move-split round-trips values bit for bit, and the gradients that come back
-    /// through one buffer equal those of the same loss on the original tensors (zero for an
-    /// unused piece).
-    #[test]
-    fn coalesced_transfer_round_trips_values_and_gradients() {
-        let device = Default::default();
-        let shapes: [&[usize]; 4] = [&[3, 5], &[7], &[2, 3, 4], &[1]];
-        let params: Vec<Tensor<B, 1>> = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, shape)| {
-                let n: usize = shape.iter().product();
-                let values: Vec<f32> = (0..n).map(|j| ((i * 31 + j) as f32).sin() * 3.7).collect();
-                Tensor::<B, 1>::from_floats(values.as_slice(), &device).require_grad()
-            })
-            .collect();
-        let counts: Vec<usize> = params.iter().map(|p| p.dims()[0]).collect();
-        let buffer = backend::coalesce(params.clone());
-        let pieces = backend::move_split(buffer, &counts, &device);
-        for (piece, param) in pieces.iter().zip(&params) {
-            let (a, b) = (piece.to_data(), param.to_data());
-            assert_eq!(a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
-        }
-        // Piece 2 is unused; pieces 0 and 3 are used twice.
-        let loss = |ts: &[Tensor<B, 1>]| {
-            (ts[0].clone() * ts[0].clone()).sum()
-                + ts[1].clone().exp().sum()
-                + ts[3].clone() * 5.0
-                + ts[0].clone().sum() * ts[3].clone()
-        };
-        let grads = loss(&pieces).backward();
-        let reference = loss(&params).backward();
-        for (i, param) in params.iter().enumerate() {
-            let got = param.grad(&grads).expect("every parameter gets a gradient");
-            let want = match param.grad(&reference) {
-                Some(want) => want,
-                None => param.clone().inner().zeros_like(),
-            };
-            let (got, want) = (got.to_data(), want.to_data());
-            assert_eq!(
-                got.as_slice::<f32>().unwrap(),
-                want.as_slice::<f32>().unwrap(),
-                "parameter {i}"
-            );
-        }
     }
 }

@@ -1,0 +1,186 @@
+//! Every transfer between devices and every sum of replicas' gradients, in one place, the
+//! way `torch/nn/parallel/comm.py` holds `broadcast_coalesced` and `reduce_add_coalesced`.
+//!
+//! - [`move_to`]: one tensor to another device (a shard, an output, a broadcast value).
+//! - [`move_coalesced`]: many flat tensors to another device as one buffer (the parameter
+//!   broadcast, the running states' way home), with [`plan_buckets`] to cut them into
+//!   buckets of a bounded size.
+//! - [`return_pieces`]: the backward of a coalesced move: the pieces' gradients go back as one
+//!   buffer (the single backward).
+//! - [`reduce_add_coalesced`]: the replicas' gradients of the parallel backward and of the
+//!   replicas' own training steps, summed (or, for input rows, concatenated) on each target's
+//!   device in one transfer per source device and dtype.
+//!
+//! Transfers are counted in the profile through a [`TransferLog`].
+
+mod buckets;
+mod reduce;
+
+pub(crate) use buckets::plan_buckets;
+pub(crate) use reduce::{Combine, Target, reduce_add_coalesced};
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{FloatDType, Tensor, TensorMetadata, backend::Backend};
+
+use super::{ConcatBackend, ConcatKind};
+
+/// Where the transfers of a profiled step are counted.
+pub(crate) trait TransferLog: Send + Sync {
+    /// One transfer of `bytes` to another device; `elapsed` is its time up to the destination
+    /// having received it, when measured (backward transfers), zero otherwise.
+    fn record(&self, bytes: u64, elapsed: Duration);
+
+    /// Whether transfers are timed (the destination synchronised after each).
+    fn timed(&self) -> bool {
+        false
+    }
+
+    /// Where the backward of the transfers counted here counts its own (the single
+    /// backward's gradient buffers).
+    fn for_backward(&self) -> Option<Arc<dyn TransferLog>> {
+        None
+    }
+}
+
+thread_local! {
+    static LOG: RefCell<Option<Arc<dyn TransferLog>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with its transfers on this thread counted in `log`.
+pub(crate) fn logged<T>(log: Option<Arc<dyn TransferLog>>, f: impl FnOnce() -> T) -> T {
+    let previous = LOG.with(|current| current.replace(log));
+    let output = f();
+    LOG.with(|current| *current.borrow_mut() = previous);
+    output
+}
+
+/// The log transfers on this thread are counted in, for backward steps to keep.
+pub(crate) fn current_log() -> Option<Arc<dyn TransferLog>> {
+    LOG.with(|current| current.borrow().clone())
+}
+
+fn count(bytes: usize) {
+    LOG.with(|current| {
+        if let Some(log) = current.borrow().as_ref() {
+            log.record(bytes as u64, Duration::ZERO);
+        }
+    });
+}
+
+fn bytes_of(tensor: &impl TensorMetadata) -> usize {
+    tensor.shape().num_elements() * tensor.dtype().size()
+}
+
+/// Moves `tensor` to `device`, fenced on both sides ([`ConcatKind::move_to`]) and counted; a
+/// tensor already there is returned as it is.
+pub(crate) fn move_to<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    if tensor.device() == *device {
+        return tensor;
+    }
+    count(tensor.shape().num_elements() * tensor.dtype().size());
+    K::move_to(tensor, device)
+}
+
+/// Concatenates `tensors` (all on one device) along `dim`; one tensor is returned as it is.
+pub(crate) fn concat<B: Backend, const D: usize, K: ConcatKind<B>>(
+    mut tensors: Vec<Tensor<B, D, K>>,
+    dim: usize,
+) -> Tensor<B, D, K> {
+    if tensors.len() == 1 {
+        return tensors.pop().expect("one tensor");
+    }
+    super::concat(tensors, dim)
+}
+
+/// Splits `tensor` along `dim` into pieces of the given positive sizes.
+pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
+    tensor: Tensor<B, D, K>,
+    sizes: &[usize],
+    dim: usize,
+) -> Vec<Tensor<B, D, K>> {
+    if sizes.len() == 1 {
+        return vec![tensor];
+    }
+    super::split(tensor, sizes, dim)
+}
+
+/// Copies of the flat float tensors `flats` (one device, one dtype) on `device`, moved as one
+/// buffer: one concatenation, one transfer (counted even to the same device, where it is
+/// free: callers only send what is bound elsewhere), one split. Under `Autodiff` the pieces' gradients
+/// come back the same way ([`ConcatBackend::float_move_split`]).
+pub(crate) fn move_coalesced<B: ConcatBackend>(
+    flats: Vec<Tensor<B, 1>>,
+    device: &B::Device,
+) -> Vec<Tensor<B, 1>> {
+    let counts: Vec<usize> = flats.iter().map(|flat| flat.dims()[0]).collect();
+    let buffer = super::coalesce(flats);
+    count(buffer.shape().num_elements() * buffer.dtype().size());
+    super::move_split(buffer, &counts, device)
+}
+
+/// Moves `buffer` to `destination`, counting (and, when the log times transfers, timing) it;
+/// a buffer already there is returned as it is, uncounted.
+pub(super) fn move_counted<B: ConcatBackend>(
+    buffer: FloatTensor<B>,
+    destination: &B::Device,
+    log: Option<&dyn TransferLog>,
+) -> FloatTensor<B> {
+    if B::float_device(&buffer) == *destination {
+        return buffer;
+    }
+    transfer::<B>(buffer, destination, log)
+}
+
+/// Moves `buffer` to `destination`, counted and timed as [`move_counted`] does.
+fn transfer<B: ConcatBackend>(
+    buffer: FloatTensor<B>,
+    destination: &B::Device,
+    log: Option<&dyn TransferLog>,
+) -> FloatTensor<B> {
+    let Some(log) = log else {
+        return B::float_move(buffer, destination);
+    };
+    let bytes = bytes_of(&buffer) as u64;
+    if !log.timed() {
+        let moved = B::float_move(buffer, destination);
+        log.record(bytes, Duration::ZERO);
+        return moved;
+    }
+    let source = B::float_device(&buffer);
+    let _ = B::sync(&source);
+    let start = Instant::now();
+    let moved = B::float_move(buffer, destination);
+    let _ = B::sync(destination);
+    log.record(bytes, start.elapsed());
+    moved
+}
+
+/// The backward of a coalesced move: the pieces' gradients (zeros for pieces without one),
+/// flattened into one buffer on their device and moved back to `source` in one transfer
+/// (counted like the move it reverses). `None` when no piece has a gradient.
+pub(crate) fn return_pieces<B: ConcatBackend>(
+    pieces: Vec<Option<FloatTensor<B>>>,
+    counts: &[usize],
+    source: &B::Device,
+    log: Option<&dyn TransferLog>,
+) -> Option<FloatTensor<B>> {
+    let first = pieces.iter().flatten().next()?;
+    let device = B::float_device(first);
+    let dtype = FloatDType::from(first.dtype());
+    let parts = pieces
+        .into_iter()
+        .zip(counts)
+        .map(|(grad, &count)| match grad {
+            Some(grad) => B::float_reshape(grad, [count].into()),
+            None => B::float_zeros([count].into(), &device, dtype),
+        })
+        .collect();
+    Some(transfer::<B>(B::float_concat(parts, 0), source, log))
+}
