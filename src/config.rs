@@ -115,7 +115,8 @@ impl<D: Clone + PartialEq> Settings<D> {
                 self.shard_weights.as_deref(),
                 dim,
                 self.output_device.clone(),
-            )),
+            )
+            .with_loss_reduction(self.loss_reduction)),
         }
     }
 

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 
-use crate::DataParallelError;
 use crate::backend::ReplicaGraphs;
+use crate::config::LossReduction;
+use crate::error::DataParallelError;
 
 /// The shards of one forward: which replicas run, on which devices, with how many items each.
 ///
@@ -21,6 +22,8 @@ pub struct Shards<B: Backend> {
     output_device: B::Device,
     /// The forward's per-replica autodiff graphs, when it has them.
     graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
+    /// How the losses of burn-train's output types combine.
+    loss_reduction: LossReduction,
 }
 
 impl<B: Backend> Shards<B> {
@@ -46,7 +49,23 @@ impl<B: Backend> Shards<B> {
             replicas,
             output_device,
             graphs: None,
+            loss_reduction: LossReduction::Mean,
         }
+    }
+
+    /// These shards with the wrapper's [`LossReduction`].
+    pub(crate) fn with_loss_reduction(self, loss_reduction: LossReduction) -> Self {
+        Self {
+            loss_reduction,
+            ..self
+        }
+    }
+
+    /// How the `loss` of burn-train's output types (`ClassificationOutput` and the like)
+    /// combines over the replicas: a shard-weighted mean, or a sum
+    /// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
+    pub fn loss_reduction(&self) -> LossReduction {
+        self.loss_reduction
     }
 
     /// These shards with the forward's per-replica graphs.

@@ -27,7 +27,7 @@ use crate::config::Settings;
 use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
 use crate::error::DataParallelError;
-use crate::gather::{Gather, Mean};
+use crate::gather::{Gather, Mean, Sum};
 use crate::profile::Stage;
 use crate::replicate::Links;
 use crate::running_states::OwnStates;
@@ -325,13 +325,16 @@ where
     }
 }
 
-/// Gathers per-replica losses as the whole-batch mean.
+/// Gathers per-replica losses as the shards' [`LossReduction`] says: the whole-batch mean
+/// (weighted by shard size) or sum.
 fn gather_loss<B: ConcatBackend>(
     losses: Vec<Tensor<B, 1>>,
     shards: &Shards<B>,
 ) -> Result<Tensor<B, 1>, DataParallelError> {
-    let losses = losses.into_iter().map(Mean).collect();
-    Ok(Mean::gather(losses, shards)?.0)
+    match shards.loss_reduction() {
+        LossReduction::Mean => Ok(Mean::gather(losses.into_iter().map(Mean).collect(), shards)?.0),
+        LossReduction::Sum => Ok(Sum::gather(losses.into_iter().map(Sum).collect(), shards)?.0),
+    }
 }
 
 /// Implements [`Gather`] for a burn-train output type: `loss` is a mean, the other fields

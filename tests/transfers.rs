@@ -12,6 +12,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError};
 
+#[path = "common/adapter.rs"]
+mod adapter;
+
 type B = Autodiff<Wgpu>;
 
 #[derive(Module, Debug)]
@@ -58,6 +61,9 @@ fn assert_close<const D: usize>(actual: Tensor<B, D>, expected: Tensor<B, D>, wh
 /// error instead of a panic inside the runtime, and the wrapper stays usable on one device.
 #[test]
 fn distinct_devices_without_transfers_are_refused() {
+    if adapter::skip_without_wgpu("distinct_devices_without_transfers_are_refused") {
+        return;
+    }
     let (home, other) = (WgpuDevice::DefaultDevice, WgpuDevice::Cpu);
     let model = Mlp::<B>::new(&home);
     // Parameters are initialised lazily: initialise before cloning, so clones share them.

@@ -234,6 +234,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::int_split(tensor, sizes, dim)
     }
 
+    fn float_is_tracked(tensor: &FloatTensor<Self>) -> bool {
+        tensor.is_tracked()
+    }
+
     fn device_transfers() -> bool {
         B::device_transfers()
     }

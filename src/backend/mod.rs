@@ -39,6 +39,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Slice, TensorMetadata};
 
+pub(crate) use tensor::is_tracked;
 pub use tensor::{ConcatKind, coalesce, concat, move_split, split, uncoalesce};
 
 /// A backend with single-launch concatenation and splitting.
@@ -100,6 +101,13 @@ pub trait ConcatBackend: Backend {
     #[doc(hidden)]
     fn float_join_graphs(tensors: Vec<FloatTensor<Self>>) {
         drop(tensors);
+    }
+
+    /// Whether `tensor` is part of an autodiff graph: a leaf that requires a gradient or the
+    /// output of an operation on one (Burn's `is_require_grad` says the former only).
+    #[doc(hidden)]
+    fn float_is_tracked(tensor: &FloatTensor<Self>) -> bool {
+        Self::float_is_require_grad(tensor)
     }
 
     /// Whether tensors can move between two distinct devices of this backend.

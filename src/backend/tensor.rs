@@ -334,3 +334,13 @@ pub fn move_split<B: ConcatBackend>(
             .split_with_sizes(counts.to_vec(), 0),
     }
 }
+
+/// Whether `tensor` is part of an autodiff graph ([`ConcatBackend::float_is_tracked`]): a
+/// trainable leaf, or a tensor computed from one (a parameter that a model's own `optimize`
+/// clamped, say).
+pub(crate) fn is_tracked<B: ConcatBackend, const D: usize>(tensor: &Tensor<B, D>) -> bool {
+    match tensor.clone().into_primitive() {
+        TensorPrimitive::Float(float) => B::float_is_tracked(&float),
+        TensorPrimitive::QFloat(_) => false,
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
 
-use crate::backend::{ConcatBackend, comm};
+use crate::backend::{ConcatBackend, comm, is_tracked};
 
 /// A float parameter bound for another device, flattened.
 struct Outgoing<B: Backend> {
@@ -68,7 +68,7 @@ struct Collect<'a, B: Backend> {
     others_elsewhere: bool,
 }
 
-impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
+impl<B: ConcatBackend> ModuleVisitor<B> for Collect<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = param.val();
         let elements = tensor.shape().num_elements();
@@ -85,7 +85,7 @@ impl<B: Backend> ModuleVisitor<B> for Collect<'_, B> {
         self.outgoing.push(Outgoing {
             id: param.id,
             dtype: tensor.dtype(),
-            tracked: tensor.is_require_grad(),
+            tracked: is_tracked(&tensor),
             flat: tensor.reshape([elements]),
         });
     }

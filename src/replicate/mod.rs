@@ -13,7 +13,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, Int, Tensor, TensorPrimitive, backend::Backend};
 
-use crate::backend::{ConcatBackend, Part, ReplicaGraphs};
+use crate::backend::{ConcatBackend, Part, ReplicaGraphs, is_tracked};
 use crate::running_states::{OwnStates, RunningStates};
 
 mod broadcast;
@@ -180,10 +180,10 @@ struct Anchor<B: Backend> {
     nodes: Vec<FloatTensor<B>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Anchor<B> {
+impl<B: ConcatBackend> ModuleMapper<B> for Anchor<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let tensor = param.val();
-        if !tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
+        if !is_tracked(&tensor) || tensor.shape().num_elements() == 0 {
             return param;
         }
         param.map(|tensor| {
@@ -198,24 +198,26 @@ impl<B: Backend> ModuleMapper<B> for Anchor<B> {
     }
 }
 
-/// Detaches every tracked float tensor: the values without their graph.
+/// Detaches every tracked float tensor: the values without their graph (Burn's `detach`
+/// keeps a leaf trainable, as a new leaf of a graph of its own).
 struct Detach;
 
-impl<B: Backend> ModuleMapper<B> for Detach {
+impl<B: ConcatBackend> ModuleMapper<B> for Detach {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if !param.val().is_require_grad() {
+        if !is_tracked(&param.val()) {
             return param;
         }
         param.map(|tensor| tensor.detach())
     }
 }
 
-/// The module's trainable float parameters, by id.
+/// The module's tracked float parameters (trainable leaves, and tensors computed from them),
+/// by id.
 struct TrackedFloats<B: Backend> {
     found: HashMap<ParamId, TensorPrimitive<B>>,
 }
 
-impl<B: Backend> TrackedFloats<B> {
+impl<B: ConcatBackend> TrackedFloats<B> {
     fn of<M: Module<B>>(module: &M) -> HashMap<ParamId, TensorPrimitive<B>> {
         let mut tracked = Self {
             found: HashMap::new(),
@@ -225,10 +227,10 @@ impl<B: Backend> TrackedFloats<B> {
     }
 }
 
-impl<B: Backend> ModuleVisitor<B> for TrackedFloats<B> {
+impl<B: ConcatBackend> ModuleVisitor<B> for TrackedFloats<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = param.val();
-        if tensor.is_require_grad() {
+        if is_tracked(&tensor) {
             self.found.insert(param.id, tensor.into_primitive());
         }
     }
@@ -242,7 +244,7 @@ struct Leaves<'a, B: Backend> {
     targets: &'a HashMap<ParamId, TensorPrimitive<B>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Leaves<'_, B> {
+impl<B: ConcatBackend> ModuleMapper<B> for Leaves<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let Some(target) = self.targets.get(&param.id) else {
             return param;
@@ -251,7 +253,16 @@ impl<B: Backend> ModuleMapper<B> for Leaves<'_, B> {
             // A new node for each replica: replicas that share a device share the copy's
             // tensors, and a graph shared between threads would be merged by Burn while
             // another replica's backward holds it (a lock-order deadlock in Burn 0.21).
-            return param.map(|value| value.detach().require_grad());
+            let trainable = match target {
+                TensorPrimitive::Float(target) => B::float_is_require_grad(target),
+                TensorPrimitive::QFloat(_) => false,
+            };
+            return param.map(|value| match trainable {
+                true => value.detach().require_grad(),
+                // Computed from a trainable leaf (not one itself): the copy too, so that the
+                // replica's own step finds no gradient for it, as the bare model's does.
+                false => value.detach().require_grad().mul_scalar(1.0),
+            });
         };
         param.map(|value| match (value.into_primitive(), target) {
             (TensorPrimitive::Float(value), TensorPrimitive::Float(target)) => {
@@ -289,5 +300,38 @@ impl<B: Backend> ModuleVisitor<B> for Initialize {
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
         let _ = param.val();
+    }
+}
+
+#[cfg(test)]
+mod independent_tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::{Linear, LinearConfig};
+
+    type B = Autodiff<Flex>;
+
+    /// Independent replicas sharing a device get leaves of their own: distinct autodiff nodes,
+    /// each the start of its own graph.
+    #[test]
+    fn independent_replicas_have_leaves_of_their_own() {
+        let device = Default::default();
+        let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
+        let (replicas, _) = replicate_for_step(
+            &model,
+            &[device; 3],
+            1 << 20,
+            None,
+            false,
+            Links::Independent,
+        );
+        let ids: Vec<_> = replicas
+            .iter()
+            .map(|r| r.weight.val().into_primitive().tensor().node.id)
+            .collect();
+        let module_id = model.weight.val().into_primitive().tensor().node.id;
+        eprintln!("module {module_id:?} replicas {ids:?}");
+        assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
+        assert!(ids.iter().all(|id| *id != module_id));
     }
 }

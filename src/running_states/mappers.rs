@@ -7,10 +7,12 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::ops::{BoolTensor, IntTensor};
 use burn::tensor::{Bool, Int, Tensor, TensorPrimitive, backend::Backend};
 
+use crate::backend::{ConcatBackend, is_tracked};
+
 /// The ids of `module`'s running states: the untracked float tensors that a mapped clone of
 /// the module changes in the module itself (Burn's `RunningState` shares its value with
 /// every clone; a parameter does not). Overwrites those states with placeholders.
-pub(super) fn running_states<B: Backend, M: Module<B>>(module: &M) -> HashSet<ParamId> {
+pub(super) fn running_states<B: ConcatBackend, M: Module<B>>(module: &M) -> HashSet<ParamId> {
     let before = Shapes::of(module);
     let _ = module.clone().map(&mut Placeholders);
     let after = Shapes::of(module);
@@ -27,7 +29,7 @@ pub(super) struct Shapes {
 }
 
 impl Shapes {
-    pub(super) fn of<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
+    pub(super) fn of<B: ConcatBackend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
         let mut shapes = Self {
             shapes: HashMap::new(),
         };
@@ -36,10 +38,10 @@ impl Shapes {
     }
 }
 
-impl<B: Backend> ModuleVisitor<B> for Shapes {
+impl<B: ConcatBackend> ModuleVisitor<B> for Shapes {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = param.val();
-        if !tensor.is_require_grad() && tensor.shape().num_elements() > 0 {
+        if !is_tracked(&tensor) && tensor.shape().num_elements() > 0 {
             self.shapes.insert(param.id, tensor.dims().to_vec());
         }
     }
@@ -48,10 +50,10 @@ impl<B: Backend> ModuleVisitor<B> for Shapes {
 /// Replaces untracked, non-empty float tensors by uninitialised ones one item longer.
 struct Placeholders;
 
-impl<B: Backend> ModuleMapper<B> for Placeholders {
+impl<B: ConcatBackend> ModuleMapper<B> for Placeholders {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let tensor = param.val();
-        if tensor.is_require_grad() || tensor.shape().num_elements() == 0 {
+        if is_tracked(&tensor) || tensor.shape().num_elements() == 0 {
             return param;
         }
         param.map(|tensor| {
@@ -181,7 +183,7 @@ pub(super) struct Noted<B: Backend> {
     tensors: HashMap<ParamId, TensorPrimitive<B>>,
 }
 
-impl<B: Backend> Noted<B> {
+impl<B: ConcatBackend> Noted<B> {
     pub(super) fn of<M: Module<B>>(module: &M) -> Self {
         let mut noted = Self {
             tensors: HashMap::new(),
@@ -202,10 +204,10 @@ impl<B: Backend> Noted<B> {
     }
 }
 
-impl<B: Backend> ModuleVisitor<B> for Noted<B> {
+impl<B: ConcatBackend> ModuleVisitor<B> for Noted<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let tensor = param.val();
-        if !tensor.is_require_grad() {
+        if !is_tracked(&tensor) {
             self.tensors.insert(param.id, tensor.into_primitive());
         }
     }

@@ -15,5 +15,7 @@ mod faults;
 mod graphs;
 #[cfg(feature = "train")]
 mod learner;
+#[cfg(feature = "train")]
+mod learner_steps;
 mod races;
 mod training;

@@ -291,6 +291,11 @@ thread_local! {
     static TOLERANCE: std::cell::Cell<f32> = const { std::cell::Cell::new(CPU_TOLERANCE) };
 }
 
+/// The relative tolerance of [`assert_close`] on the current test thread.
+pub fn tolerance() -> f32 {
+    TOLERANCE.with(|t| t.get())
+}
+
 /// Sets the relative tolerance of [`assert_close`] for the current test thread.
 pub fn set_tolerance(tolerance: f32) {
     TOLERANCE.with(|t| t.set(tolerance));
