@@ -211,14 +211,17 @@ run() {
         echo "| $name | $status | $((SECONDS - start)) |" >>"$table"
     }
     export CUBECL_AUTOTUNE_LEVEL="${CUBECL_AUTOTUNE_LEVEL:-minimal}"
+    # A test's first step on a fresh CubeCL cache compiles and tunes for minutes: the tests'
+    # own watchdog waits that long; each step's time limit still bounds the whole.
+    export DATAPARALLEL_TEST_TIMEOUT="${DATAPARALLEL_TEST_TIMEOUT:-600}"
     local what=${2:-all} tests_limit=${TESTS_LIMIT:-250} bench_limit=${BENCH_LIMIT:-200}
     if [ "$what" = tests ] || [ "$what" = all ]; then
         step tests-cuda-fusion "$tests_limit" ./backends --test-threads=1 cuda_fusion::
         step tests-cuda-cube "$tests_limit" ./backends --test-threads=1 cuda_cube::
-        step tests-cuda-half "$tests_limit" ./backends --test-threads=1 cuda_half::
         step tests-cuda-cube-half "$tests_limit" ./backends --test-threads=1 cuda_cube_half::
         step tests-cuda-faults "$tests_limit" ./backends --test-threads=1 --nocapture cuda_faults::
-        # Burn's own f16 backends against f32, no wrapper; Fusion's known fault included.
+        # Burn's own f16 backends against f32, no wrapper; Fusion's known fault included, and
+        # the wrapper's refusal of that backend.
         step tests-cuda-half-backends "$tests_limit" ./half_precision --test-threads=1 \
             --include-ignored --nocapture
     fi
@@ -284,7 +287,7 @@ run() {
         ls -l "$logs"/aa-cubecl-cache.tgz.*
     fi
     echo
-    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-half tests-cuda-cube-half \
+    for name in tests-cuda-fusion tests-cuda-cube tests-cuda-cube-half \
         tests-cuda-faults tests-cuda-half-backends \
         tests-kernels-cuda tests-multi-fusion tests-multi-cube; do
         [ -f "$logs/$name.log" ] || continue

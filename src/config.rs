@@ -79,6 +79,13 @@ pub struct DataParallelConfig {
     /// output's and needs no such setting.
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
+    /// Allows Burn 0.21's `Fusion` in f16 (`burn_cuda::Cuda<f16>`), which computes wrong
+    /// outputs when several forwards of different row counts are queued before one is read,
+    /// as replicas do: off by default, so that such a wrapper is refused with
+    /// [`DataParallelError::FusionHalfPrecision`] rather than train on wrong values. Use
+    /// `CubeBackend<CudaRuntime, f16>` (no fusion) or f32 instead.
+    #[config(default = false)]
+    pub allow_fusion_f16: bool,
 }
 
 /// Everything a wrapper is besides its module; shared by its clones and its `valid()` copy
@@ -120,11 +127,16 @@ impl<D: Clone + PartialEq> Settings<D> {
         }
     }
 
-    /// Validates `config` against `devices` and starts the workers.
+    /// Validates `config` against `devices` (and against `fusion_half_precision`: the backend
+    /// is Burn 0.21's `Fusion` in f16) and starts the workers.
     pub(crate) fn new(
         config: &DataParallelConfig,
         devices: Vec<D>,
+        fusion_half_precision: bool,
     ) -> Result<Self, DataParallelError> {
+        if fusion_half_precision && !config.allow_fusion_f16 {
+            return Err(DataParallelError::FusionHalfPrecision);
+        }
         if devices.is_empty() {
             return Err(DataParallelError::NoDevices);
         }

@@ -72,14 +72,15 @@ impl DataParallelConfig {
     ///
     /// [`DataParallelError::NoDevices`], [`DataParallelError::OutputDeviceIndex`],
     /// [`DataParallelError::ShardWeightsLength`], [`DataParallelError::InvalidShardWeight`] for
-    /// settings that do not fit `devices`; [`DataParallelError::WorkerSpawn`] when the worker
-    /// threads cannot be started.
-    pub fn init<B: Backend, M: Module<B>>(
+    /// settings that do not fit `devices`; [`DataParallelError::FusionHalfPrecision`] on Burn
+    /// 0.21's `Fusion` in f16 unless [`allow_fusion_f16`](Self::allow_fusion_f16);
+    /// [`DataParallelError::WorkerSpawn`] when the worker threads cannot be started.
+    pub fn init<B: ConcatBackend, M: Module<B>>(
         &self,
         module: M,
         devices: Vec<B::Device>,
     ) -> Result<DataParallel<B, M>, DataParallelError> {
-        let settings = Settings::new(self, devices)?;
+        let settings = Settings::new(self, devices, B::fusion_half_precision())?;
         Ok(DataParallel::from_settings(module, settings))
     }
 }
@@ -94,8 +95,13 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// # Errors
     ///
     /// [`DataParallelError::NoDevices`] when `devices` is empty;
-    /// [`DataParallelError::WorkerSpawn`] when the worker threads cannot be started.
-    pub fn new(module: M, devices: Vec<B::Device>) -> Result<Self, DataParallelError> {
+    /// [`DataParallelError::FusionHalfPrecision`] on Burn 0.21's `Fusion` in f16 (see
+    /// [`DataParallelConfig::allow_fusion_f16`]); [`DataParallelError::WorkerSpawn`] when the
+    /// worker threads cannot be started.
+    pub fn new(module: M, devices: Vec<B::Device>) -> Result<Self, DataParallelError>
+    where
+        B: ConcatBackend,
+    {
         DataParallelConfig::new().init(module, devices)
     }
 

@@ -378,3 +378,22 @@ fn fusion_half_matches_f32() {
 fn fusion_half_autodiff_matches_f32() {
     assert_cases::<Autodiff<Fused>>("Autodiff<Fusion f16>");
 }
+
+/// The wrapper refuses the backend these cases show wrong, with an error that says so, and
+/// builds on it when asked to.
+#[test]
+fn the_wrapper_refuses_fusion_in_half_precision() {
+    use burn::nn::LinearConfig;
+    use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError};
+    type Half = burn::backend::Autodiff<burn::backend::Cuda<burn::tensor::f16>>;
+    let device = Default::default();
+    let model = LinearConfig::new(4, 2).init::<Half>(&device);
+    match DataParallel::new(model.clone(), vec![device.clone(); 2]) {
+        Err(DataParallelError::FusionHalfPrecision) => {}
+        other => panic!("expected FusionHalfPrecision, got {:?}", other.map(|_| ())),
+    }
+    let allowed = DataParallelConfig::new()
+        .with_allow_fusion_f16(true)
+        .init(model, vec![device; 2]);
+    assert!(allowed.is_ok());
+}

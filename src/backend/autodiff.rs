@@ -254,6 +254,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::concurrent_backward()
     }
 
+    fn fusion_half_precision() -> bool {
+        B::fusion_half_precision()
+    }
+
     fn fence_receive(destination: &Self::Device) {
         B::fence_receive(destination)
     }

@@ -1,7 +1,8 @@
 //! [`ConcatBackend`] for `Fusion`: concatenations and splits are recorded as custom
 //! operations and run the inner backend's kernels when the stream executes them.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::Element;
+use burn::tensor::ops::{FloatElem, FloatTensor, IntTensor};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
@@ -153,6 +154,10 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
 
     fn concurrent_backward() -> bool {
         false
+    }
+
+    fn fusion_half_precision() -> bool {
+        FloatElem::<Self>::dtype() == burn::tensor::DType::F16
     }
 
     // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.

@@ -110,6 +110,14 @@ pub trait ConcatBackend: Backend {
         Self::float_is_require_grad(tensor)
     }
 
+    /// Whether this backend is Burn 0.21's `Fusion` in f16, which computes wrong outputs when
+    /// several forwards of different row counts are queued before one is read (the crate's
+    /// `tests/half_precision.rs` reproduces it without the wrapper), as replicas do.
+    #[doc(hidden)]
+    fn fusion_half_precision() -> bool {
+        false
+    }
+
     /// Whether tensors can move between two distinct devices of this backend.
     ///
     /// False where Burn 0.21's `to_device` between two devices is not implemented: CubeCL

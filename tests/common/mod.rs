@@ -24,10 +24,6 @@ pub type NdArrayAd = burn::backend::Autodiff<burn::backend::NdArray>;
 #[cfg(feature = "cuda")]
 pub type CudaAd = burn::backend::Autodiff<burn::backend::Cuda>;
 
-/// The default CUDA backend in half precision (f16 parameters, activations and gradients).
-#[cfg(feature = "cuda")]
-pub type CudaHalfAd = burn::backend::Autodiff<burn::backend::Cuda<burn::tensor::f16>>;
-
 /// CubeCL's CUDA backend without fusion, in half precision.
 #[cfg(feature = "cuda")]
 pub type CubeHalfAd = burn::backend::Autodiff<
@@ -40,10 +36,11 @@ pub type CubeAd =
     burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
 /// Instantiates generic test bodies for every backend: the two CPU backends always, the CUDA
-/// backends with the `cuda` feature (f32 and f16, each with and without fusion).
+/// backends with the `cuda` feature (f32 with and without fusion, f16 without).
 ///
 /// `backend_tests! { name => body(args); }` defines `flex::name`, `ndarray::name`,
-/// `cuda_fusion::name`, `cuda_cube::name`, `cuda_half::name` and `cuda_cube_half::name`,
+/// `cuda_fusion::name`, `cuda_cube::name` and `cuda_cube_half::name` (the wrapper refuses
+/// Burn 0.21's `Fusion` in f16, `DataParallelError::FusionHalfPrecision`),
 /// each calling `body::<Backend>(args)`. Attributes written before `name` apply to the Flex
 /// variant only.
 ///
@@ -84,8 +81,6 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@cuda cuda_fusion, TF32_TOLERANCE, CudaAd;
             $($name => $body($($arg),*);)*);
         $crate::backend_tests!(@cuda cuda_cube, TF32_TOLERANCE, CubeAd;
-            $($name => $body($($arg),*);)*);
-        $crate::backend_tests!(@cuda cuda_half, HALF_TOLERANCE, CudaHalfAd;
             $($name => $body($($arg),*);)*);
         $crate::backend_tests!(@cuda cuda_cube_half, HALF_TOLERANCE, CubeHalfAd;
             $($name => $body($($arg),*);)*);
