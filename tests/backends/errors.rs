@@ -239,3 +239,116 @@ backend_tests! {
     outputs => output_errors();
     replica_failures => replica_failures_are_errors();
 }
+
+/// An operation whose backward panics for shards of two rows: replica 1's and 2's backward
+/// fail (shards of 3, 2 and 2), replica 0's runs.
+mod failing_backward {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::tensor::backend::Backend;
+    use burn::tensor::{Tensor, TensorPrimitive};
+
+    #[derive(Debug)]
+    struct FailForTwoRows;
+
+    impl<B: Backend> Backward<B, 1> for FailForTwoRows {
+        type State = usize;
+
+        fn backward(self, ops: Ops<usize, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            assert!(
+                ops.state != 2,
+                "a backward that fails on {} rows",
+                ops.state
+            );
+            let grad = grads.consume::<B>(&ops.node);
+            if let [Some(parent)] = ops.parents {
+                grads.register::<B>(parent.id, grad);
+            }
+        }
+    }
+
+    /// The identity, with [`FailForTwoRows`] as its backward.
+    pub fn identity<B: Backend>(x: Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2> {
+        let rows = x.dims()[0];
+        let TensorPrimitive::Float(x) = x.into_primitive() else {
+            unreachable!("float tensors")
+        };
+        let value = x.primitive.clone();
+        let out = match FailForTwoRows
+            .prepare::<NoCheckpointing>([x.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(rows, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+}
+
+/// A backward that fails in some replicas panics in the caller's `backward` with a message
+/// naming the first failing replica, after every replica's backward has ended; the next
+/// step trains as the bare model does.
+fn failing_replica_backward_then_a_normal_step<I>()
+where
+    I: burn_dataparallel::ConcatBackend,
+    burn::backend::Autodiff<I>: DataParallelBackend,
+{
+    type B<I> = burn::backend::Autodiff<I>;
+    if !I::concurrent_backward() {
+        return; // the single backward runs on the calling thread: a plain panic there
+    }
+    let device = Default::default();
+    let dp = model::<B<I>>(3);
+    let bare = dp.module().clone();
+    let output = dp.forward_with(random::<B<I>, 2>([7, 8], &device), |m, x| {
+        failing_backward::identity(m.forward(x))
+    });
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| output.sum().backward()));
+    let message = match failed {
+        Err(payload) => payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default(),
+        Ok(_) => panic!("the backward should have failed"),
+    };
+    assert!(message.contains("the backward of replica 1"), "{message}");
+    assert!(message.contains("fails on 2 rows"), "{message}");
+    let x = random::<B<I>, 2>([7, 8], &device);
+    assert_matches_bare(&dp, &bare, x, |m, x| m.forward(x));
+}
+
+mod failing_backward_flex {
+    #[test]
+    fn failing_replica_backward() {
+        crate::common::within("failing_replica_backward", || {
+            super::failing_replica_backward_then_a_normal_step::<burn::backend::Flex>()
+        });
+    }
+}
+
+mod failing_backward_ndarray {
+    #[test]
+    fn failing_replica_backward() {
+        crate::common::within("failing_replica_backward", || {
+            super::failing_replica_backward_then_a_normal_step::<burn::backend::NdArray>()
+        });
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod failing_backward_cuda_cube {
+    #[test]
+    fn failing_replica_backward() {
+        crate::common::set_tolerance(crate::common::TF32_TOLERANCE);
+        crate::common::within("failing_replica_backward", || {
+            crate::common::set_tolerance(crate::common::TF32_TOLERANCE);
+            super::failing_replica_backward_then_a_normal_step::<
+                burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+            >()
+        });
+    }
+}
