@@ -27,7 +27,7 @@ pub enum LossReduction {
     Sum,
 }
 
-/// Settings of a [`DataParallel`], in Burn's `Config` style; devices are given to
+/// Settings of a [`DataParallel`](crate::DataParallel), in Burn's `Config` style; devices are given to
 /// [`init`](Self::init).
 ///
 /// # Example
@@ -52,7 +52,7 @@ pub struct DataParallelConfig {
     #[config(default = 0)]
     pub dim: usize,
     /// Position in the device list of the output device, which gathers outputs and holds the
-    /// parameters ([`DataParallel::with_output_device`] takes the device itself).
+    /// parameters ([`DataParallel::with_output_device`](crate::DataParallel::with_output_device) takes the device itself).
     #[config(default = 0)]
     pub output_index: usize,
     /// Relative share of every batch for each device (positive, one per device); even shards
@@ -64,7 +64,7 @@ pub struct DataParallelConfig {
     #[config(default = 26214400)]
     pub bucket_size: usize,
     /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
-    /// [`DataParallel::set_profiling`]).
+    /// [`DataParallel::set_profiling`](crate::DataParallel::set_profiling)).
     #[config(default = false)]
     pub profile: bool,
     /// Under `Autodiff`, whether each replica's backward runs on its own worker thread, at the

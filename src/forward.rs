@@ -5,7 +5,7 @@ use burn::tensor::backend::Backend;
 use crate::gather::Gather;
 use crate::scatter::Scatter;
 
-/// A module that [`DataParallel::forward`] can run: one input type to split, one output type
+/// A module that [`DataParallel::forward`](crate::DataParallel::forward) can run: one input type to split, one output type
 /// to gather.
 ///
 /// # Example
