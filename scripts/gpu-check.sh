@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|cold|multi|threads|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|cold|multi|threads|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -14,7 +14,8 @@
 # checks named. BENCH_ARGS picks the step-time bench's backends (fusion, cube, cpu),
 # MODELS_ARGS the train-step bench's backends and models (fusion, cube; mlp, resnet18,
 # encoder); SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench. `models`
-# runs the three-model train-step bench and its PyTorch companion, and writes
+# runs the three-model train-step bench and its PyTorch companion, then the strategies bench
+# (`strategies` runs that one alone), and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
 #
@@ -29,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=gpu-bundle
-BINARIES="backends half_precision kernels step_time concat learner_cnn train_step autodiff_threads"
+BINARIES="backends half_precision kernels step_time concat learner_cnn train_step autodiff_threads strategies"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -41,7 +42,7 @@ build() {
     for bin in $wanted; do
         case $bin in
             backends | half_precision | kernels) tests+=(--test "$bin") ;;
-            step_time | concat | train_step | autodiff_threads) benches+=(--bench "$bin") ;;
+            step_time | concat | train_step | autodiff_threads | strategies) benches+=(--bench "$bin") ;;
             learner_cnn) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
         esac
@@ -259,6 +260,12 @@ run() {
             TRAIN_STEP_REPLICAS="${TRAIN_STEP_REPLICAS:-$gpus,0,1,4}" \
             step bench-scaling "$bench_limit" ./train_step ${MODELS_ARGS:-fusion}
     fi
+    if [ "$what" = strategies ] || [ "$what" = models ]; then
+        # DataParallel (own loop and Learner) against burn-train's MultiDevice, one model and
+        # global batch at a time (STRATEGIES_ARGS: models; STRATEGIES_* as in the bench).
+        # shellcheck disable=SC2086 # STRATEGIES_ARGS is a list of names
+        step bench-strategies "$bench_limit" ./strategies ${STRATEGIES_ARGS:-}
+    fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"
     fi
@@ -303,7 +310,7 @@ run() {
         "$(grep -c '^FAIL ' "$cases") FAIL (Fusion's are known to fail on Burn 0.21)"
     for name in bench-autodiff-threads bench-threads-cube bench-threads-cube-distinct \
         bench-threads-fusion bench-threads-fusion-distinct step-time bench-concat bench-concat-torch \
-        bench-models-torch bench-models bench-scaling-torch bench-scaling; do
+        bench-models-torch bench-models bench-strategies bench-scaling-torch bench-scaling; do
         [ -f "$logs/$name.log" ] && { grep -E '^(\||median ratio)' "$logs/$name.log" || true; }
     done
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
@@ -315,7 +322,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|cold|multi|threads|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|cold|multi|threads|all]" >&2
         exit 2
         ;;
 esac
