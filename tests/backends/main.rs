@@ -18,4 +18,5 @@ mod learner;
 #[cfg(feature = "train")]
 mod learner_steps;
 mod races;
+mod side_inputs;
 mod training;
