@@ -111,4 +111,31 @@ backend_tests! {
     side_both_parallel => side_inputs_case(Side::Both, true, true, false);
     side_both_by_hand => side_inputs_case(Side::Both, true, false, true);
     side_mask_by_hand => side_inputs_case(Side::Mask, true, false, true);
+    mask_fill_on_row_slices => mask_fill_on_row_slices_case();
+}
+
+/// Burn alone, no wrapper: `mask_fill(mask.greater_elem(0.0), 0.0)` on the whole tensor and on
+/// row slices (3, 2, 2) of it, against the same computed on the host.
+fn mask_fill_on_row_slices_case<B: DataParallelBackend>() {
+    let device = Default::default();
+    let y = random::<B, 2>([7, 4], &device);
+    let mask = random::<B, 2>([7, 4], &device);
+    let (ys, ms) = (values(y.clone()), values(mask.clone()));
+    let host: Vec<f32> = ys
+        .iter()
+        .zip(&ms)
+        .map(|(&v, &m)| if m > 0.0 { 0.0 } else { v })
+        .collect();
+    let whole = y.clone().mask_fill(mask.clone().greater_elem(0.0), 0.0);
+    assert_close(&values(whole), &host, "mask_fill on the whole tensor");
+    let pieces: Vec<Tensor<B, 2>> = [(0, 3), (3, 5), (5, 7)]
+        .iter()
+        .map(|&(a, b)| {
+            y.clone()
+                .slice(a..b)
+                .mask_fill(mask.clone().slice(a..b).greater_elem(0.0), 0.0)
+        })
+        .collect();
+    let sliced: Vec<f32> = pieces.into_iter().flat_map(values).collect();
+    assert_close(&sliced, &host, "mask_fill on row slices");
 }
