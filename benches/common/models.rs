@@ -49,6 +49,7 @@ pub const CUDA_SIZES: Sizes = Sizes {
 };
 
 /// Smaller sizes for a CPU run.
+#[cfg_attr(feature = "cuda", allow(dead_code))]
 pub const CPU_SIZES: Sizes = Sizes {
     mlp: [64, 256, 256, CLASSES],
     image: 32,
