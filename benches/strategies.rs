@@ -18,7 +18,10 @@
 //! time between two steps' starts, the optimizer and the data loader included. Configurations
 //! run round-robin, `STRATEGIES_ROUNDS` times (default 3), so that every one sees the same
 //! drift of the machine: each row gives the median step time over all rounds and the range of
-//! the rounds' medians, which is the spread a difference must beat.
+//! the rounds' medians, which is the spread a difference must beat. "Calling thread's CPU per
+//! step" is the CPU time of the thread that runs the loop (the `Learner`'s or the own loop's)
+//! over the whole run, divided by its steps: what is left on that thread when the replicas'
+//! work runs on theirs (Unix only).
 //!
 //! Devices: replica `i` on device `i` modulo the device count (the one CPU device, one GPU
 //! listed N times, or N GPUs). Where a strategy cannot run in a configuration, its row says
@@ -182,7 +185,25 @@ struct Config {
     replicas: usize,
     /// Each round's step times, or why the configuration could not run.
     rounds: Result<Vec<Vec<Duration>>, String>,
+    /// Each round's CPU time of the calling thread per step.
+    cpu: Vec<Duration>,
     memory: Option<u64>,
+}
+
+/// CPU time the calling thread has used, where the platform tells.
+fn thread_cpu() -> Option<Duration> {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for the call to write.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+        ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// What the bench runs for one model on one backend.
@@ -207,8 +228,10 @@ impl<B: DataParallelBackend> Setup<B> {
         }
     }
 
-    /// Trains `warm + timed` steps in one of the ways; the step times after the warm-up.
-    fn run(&self, strategy: Strategy, replicas: usize) -> Vec<Duration> {
+    /// Trains `warm + timed` steps in one of the ways; the step times after the warm-up, and
+    /// the calling thread's CPU time per step over the whole run (setup included).
+    fn run(&self, strategy: Strategy, replicas: usize) -> (Vec<Duration>, Option<Duration>) {
+        let cpu_start = thread_cpu();
         let devices = spread::spread::<B>(replicas);
         let (warm, timed) = self.steps;
         let steps = warm + timed + 1;
@@ -233,7 +256,11 @@ impl<B: DataParallelBackend> Setup<B> {
             .chunks(per_step)
             .map(|c| *c.iter().min().unwrap())
             .collect();
-        firsts.windows(2).skip(warm).map(|w| w[1] - w[0]).collect()
+        let cpu = thread_cpu()
+            .zip(cpu_start)
+            .map(|(end, start)| (end - start) / steps as u32);
+        let times = firsts.windows(2).skip(warm).map(|w| w[1] - w[0]).collect();
+        (times, cpu)
     }
 
     /// `steps` steps of the wrapper in a hand-written loop, with SGD.
@@ -353,6 +380,7 @@ fn bench_model<B: DataParallelBackend>(
         strategy: Strategy::Bare,
         replicas: 1,
         rounds: Ok(Vec::new()),
+        cpu: Vec::new(),
         memory: None,
     }];
     for &n in &replica_counts {
@@ -372,6 +400,7 @@ fn bench_model<B: DataParallelBackend>(
                 strategy,
                 replicas: n,
                 rounds,
+                cpu: Vec::new(),
                 memory: None,
             });
         }
@@ -389,8 +418,9 @@ fn bench_model<B: DataParallelBackend>(
                 setup.run(config.strategy, config.replicas)
             }));
             match run {
-                Ok(times) => {
+                Ok((times, cpu)) => {
                     done.push(times);
+                    config.cpu.extend(cpu);
                     config.memory = config.memory.max(*PEAK.lock().unwrap());
                 }
                 Err(payload) => {
@@ -413,9 +443,9 @@ fn bench_model<B: DataParallelBackend>(
     );
     println!(
         "| backend | model | batch | strategy | step (median) | rounds' medians | samples/s | \
-         vs bare | memory in use after a forward |"
+         vs bare | calling thread's CPU per step | memory in use after a forward |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut bare = None;
     for config in &configs {
         let name = config.strategy.name(config.replicas);
@@ -428,9 +458,13 @@ fn bench_model<B: DataParallelBackend>(
                 if config.strategy == Strategy::Bare {
                     bare = Some(samples);
                 }
+                let cpu = match config.cpu.is_empty() {
+                    true => "-".to_string(),
+                    false => format!("{:.2} ms", ms(median(config.cpu.clone()))),
+                };
                 println!(
                     "| {backend} | {model} | {batch} | {name} | {:.2} ms | {:.2}–{:.2} ms | {:.0} | \
-                     {} | {} |",
+                     {} | {cpu} | {} |",
                     ms(all),
                     ms(*lo),
                     ms(*hi),
@@ -443,7 +477,9 @@ fn bench_model<B: DataParallelBackend>(
                         .unwrap_or_else(|| "-".into()),
                 );
             }
-            Err(why) => println!("| {backend} | {model} | {batch} | {name} | not run: {why} |||||"),
+            Err(why) => {
+                println!("| {backend} | {model} | {batch} | {name} | not run: {why} ||||||")
+            }
         }
     }
 }
