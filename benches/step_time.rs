@@ -13,43 +13,16 @@
 
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
-use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    layers: Vec<Linear<B>>,
-    activation: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(widths: &[usize], device: &B::Device) -> Self {
-        let layers = widths
-            .windows(2)
-            .map(|w| LinearConfig::new(w[0], w[1]).init(device))
-            .collect();
-        Self {
-            layers,
-            activation: Relu::new(),
-        }
-    }
-
-    fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let last = self.layers.len() - 1;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(x);
-            if i < last {
-                x = self.activation.forward(x);
-            }
-        }
-        x
-    }
-}
+// The MLP of the train-step bench (the other models there go unused here).
+#[allow(dead_code)]
+#[path = "common/models.rs"]
+mod models;
+use models::Mlp;
 
 struct Timing {
     first: Duration,

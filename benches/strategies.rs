@@ -43,10 +43,6 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
-use burn::train::renderer::{
-    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining, ProgressType, TrainingProgress,
-};
 use burn::train::{
     ClassificationOutput, ExecutionStrategy, InferenceStep, Learner, MultiDeviceOptim,
     SupervisedTraining, TrainOutput, TrainStep,
@@ -55,9 +51,12 @@ use burn_dataparallel::{DataParallel, DataParallelBackend, Mean, impl_scatter};
 
 #[path = "common/models.rs"]
 mod models;
+#[path = "../tests/common/silent.rs"]
+mod silent;
 #[path = "../tests/common/spread.rs"]
 mod spread;
 use models::*;
+use silent::Silent;
 
 /// One batch: the model's input and its class targets.
 #[derive(Clone, Debug)]
@@ -130,26 +129,6 @@ impl<B: Backend> Batcher<B, u64, Batch<B>> for Random {
             targets: Tensor::random([n], Distribution::Uniform(0.0, CLASSES as f64), device),
         }
     }
-}
-
-/// A renderer that shows nothing.
-struct Silent;
-
-impl MetricsRendererTraining for Silent {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-    fn render_train(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
-    fn render_valid(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
-}
-
-impl MetricsRendererEvaluation for Silent {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-    fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
-}
-
-impl MetricsRenderer for Silent {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
 }
 
 /// The ways of training that the bench compares.
@@ -287,15 +266,13 @@ impl<B: DataParallelBackend> Setup<B> {
     /// `steps` steps under the `Learner`, with SGD, in one epoch.
     fn learner(&self, strategy: Strategy, model: Model<B>, devices: Vec<B::Device>, steps: usize) {
         let device = B::Device::default();
-        let loader_batch = match strategy {
-            Strategy::MultiDeviceMain | Strategy::MultiDeviceSharded => self.batch / devices.len(),
-            _ => self.batch,
+        // `MultiDevice` takes one batch of the data loader per device and step.
+        let loaders = match strategy {
+            Strategy::MultiDeviceMain | Strategy::MultiDeviceSharded => devices.len(),
+            _ => 1,
         };
-        let global = loader_batch
-            * match strategy {
-                Strategy::MultiDeviceMain | Strategy::MultiDeviceSharded => devices.len(),
-                _ => 1,
-            };
+        let loader_batch = self.batch / loaders;
+        let global = loader_batch * loaders;
         let train = DataLoaderBuilder::new(self.random())
             .batch_size(loader_batch)
             .set_device(device.clone())

@@ -7,10 +7,6 @@ use burn::optim::AdamConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::train::metric::{AccuracyMetric, LossMetric};
-use burn::train::renderer::{
-    EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining, ProgressType, TrainingProgress,
-};
 use burn::train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
 };
@@ -113,25 +109,9 @@ impl<B: Backend> Batcher<B, Item, ImageBatch<B>> for ImageBatcher {
     }
 }
 
-/// A renderer that shows nothing.
-pub struct Silent;
-
-impl MetricsRendererTraining for Silent {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-    fn render_train(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
-    fn render_valid(&mut self, _item: TrainingProgress, _progress: Vec<ProgressType>) {}
-}
-
-impl MetricsRendererEvaluation for Silent {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-    fn render_test(&mut self, _item: EvaluationProgress, _progress: Vec<ProgressType>) {}
-}
-
-impl MetricsRenderer for Silent {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
-}
+#[path = "../common/silent.rs"]
+mod silent;
+pub use silent::Silent;
 
 /// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
 /// leave the parameters where the same training of the bare model leaves them.
