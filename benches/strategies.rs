@@ -55,8 +55,11 @@ mod models;
 mod silent;
 #[path = "../tests/common/spread.rs"]
 mod spread;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
 use models::*;
 use silent::Silent;
+use thread_cpu::thread_cpu;
 
 /// One batch: the model's input and its class targets.
 #[derive(Clone, Debug)]
@@ -167,22 +170,6 @@ struct Config {
     /// Each round's CPU time of the calling thread per step.
     cpu: Vec<Duration>,
     memory: Option<u64>,
-}
-
-/// CPU time the calling thread has used, where the platform tells.
-fn thread_cpu() -> Option<Duration> {
-    #[cfg(unix)]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec for the call to write.
-        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
-        ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-    }
-    #[cfg(not(unix))]
-    None
 }
 
 /// What the bench runs for one model on one backend.
