@@ -57,7 +57,6 @@ impl<B: FusionBackend + ConcatBackend> Operation<B::FusionRuntime> for Recorded<
                         .iter()
                         .zip(B::float_split(tensor, &self.sizes, self.dim))
                 {
-                    let piece = own_buffer_float::<B>(piece, self.sizes.len());
                     handles.register_float_tensor::<B>(&out.id, piece);
                 }
             }
@@ -67,33 +66,10 @@ impl<B: FusionBackend + ConcatBackend> Operation<B::FusionRuntime> for Recorded<
                     .iter()
                     .zip(B::int_split(tensor, &self.sizes, self.dim))
                 {
-                    let piece = own_buffer_int::<B>(piece, self.sizes.len());
                     handles.register_int_tensor::<B>(&out.id, piece);
                 }
             }
         }
-    }
-}
-
-/// A split's piece in a buffer of its own (a multiplication by one, exact), where the inner
-/// backend's split gives views at offsets into one buffer. Burn 0.21's Fusion on CUDA
-/// computes wrong values for `mask_fill(mask.greater_elem(..))` over row slices, Burn's own
-/// `slice` included, while a product with a slice is right (`tests/backends/side_inputs.rs`,
-/// `benches/RESULTS.md` of 2026-12-01): shards that start at offset zero keep the wrapper's
-/// own path out of it if the offset is what Fusion gets wrong. A workaround to confirm on
-/// CUDA (`side_inputs::cuda_fusion::`), not yet run there. One piece is the input itself.
-fn own_buffer_float<B: FusionBackend>(piece: FloatTensor<B>, pieces: usize) -> FloatTensor<B> {
-    match pieces {
-        1 => piece,
-        _ => B::float_mul_scalar(piece, 1.0f32.into()),
-    }
-}
-
-/// [`own_buffer_float`] for int pieces.
-fn own_buffer_int<B: FusionBackend>(piece: IntTensor<B>, pieces: usize) -> IntTensor<B> {
-    match pieces {
-        1 => piece,
-        _ => B::int_mul_scalar(piece, 1i32.into()),
     }
 }
 
