@@ -131,7 +131,16 @@ where
         step.replicate(&dp.module, settings, own, Links::Independent)
     })?;
     let results = step.apply(replicas, inputs, &|replica: &M, (shard, input)| {
-        step.replica(shard, || Ok(TrainStep::step(replica, input)))
+        step.replica(shard, || {
+            let mut output = TrainStep::step(replica, input);
+            // On the replica's worker: the gradients laid out contiguously, for the combine
+            // on the calling thread (see `Contiguous`).
+            replica.visit(&mut Contiguous::<B> {
+                grads: &mut output.grads,
+                _backend: PhantomData,
+            });
+            Ok(output)
+        })
     });
     step.stage(Stage::RunningStates, || {
         states.finish(&dp.module, &settings.output_device, &step.distinct)
@@ -225,6 +234,26 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
             device: tensor.device(),
             combine: Combine::Sum,
         });
+    }
+}
+
+/// Lays every gradient of a replica's parameters out contiguously (a copy only where the
+/// backward left it strided, e.g. a convolution's weight gradient): done on the replica's
+/// worker, in parallel with the others, it spares the calling thread a strided copy or sum
+/// per replica and parameter in the combine.
+struct Contiguous<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    _backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            let dims = grad.dims();
+            let flat = grad.reshape([dims.iter().product::<usize>()]);
+            self.grads
+                .register::<B::InnerBackend, D>(param.id, flat.reshape(dims));
+        }
     }
 }
 
