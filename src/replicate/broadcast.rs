@@ -26,6 +26,33 @@ pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     move_coalesced_inner(module, device, bucket_size, true)
 }
 
+/// Whether every parameter of `module` is on `device` already (a [`move_coalesced`] to it
+/// would move nothing).
+pub(super) fn is_on<B: Backend, M: Module<B>>(module: &M, device: &B::Device) -> bool {
+    let mut on = OnDevice { device, all: true };
+    module.visit(&mut on);
+    on.all
+}
+
+struct OnDevice<'a, B: Backend> {
+    device: &'a B::Device,
+    all: bool,
+}
+
+impl<B: Backend> ModuleVisitor<B> for OnDevice<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.all &= param.val().device() == *self.device;
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+        self.all &= param.val().device() == *self.device;
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+        self.all &= param.val().device() == *self.device;
+    }
+}
+
 /// [`move_coalesced`]; `skip_local: false` sends even parameters already on `device` through
 /// the buckets, so that one-device tests run the whole transfer path.
 fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(

@@ -115,9 +115,13 @@ fn copies<B: ConcatBackend, M: Module<B>>(
     states: &mut RunningStates<B, M>,
     links: Links<'_, B>,
 ) -> Vec<M> {
-    // Copies that are not the module's graph carry plain values; each replica then gets leaves.
-    let plain = |source: &M| match links {
+    // Copies that are not the module's graph carry plain values; each replica then gets
+    // leaves, made from the values alone: a copy that stays on the module's device needs no
+    // detaching, one bound for another device is detached first so that its transfer adds
+    // nothing to the caller's graph.
+    let plain = |source: &M, device: &B::Device| match links {
         Links::Shared => source.clone(),
+        _ if broadcast::is_on(source, device) => source.clone(),
         _ => source.clone().map(&mut Detach),
     };
     let targets = match links {
@@ -133,8 +137,11 @@ fn copies<B: ConcatBackend, M: Module<B>>(
             let copy = match made.iter().find(|(d, g, _)| *d == device && *g == group) {
                 Some((_, _, copy)) => copy.clone(),
                 None => {
-                    let copy =
-                        move_coalesced(&plain(states.source(module, replica)), device, bucket_size);
+                    let copy = move_coalesced(
+                        &plain(states.source(module, replica), device),
+                        device,
+                        bucket_size,
+                    );
                     made.push((device, group, copy.clone()));
                     copy
                 }
