@@ -1,0 +1,109 @@
+//! The hand-off from `DataParallel` to Burn's distributed data parallelism
+//! (`examples/ddp_handoff.rs`): a model trained through the wrapper and saved continues from
+//! that checkpoint on burn-collective peers that all-reduce their gradients, and after the
+//! same steps at the same global batch it matches the wrapper's own continuation.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../examples/ddp_handoff.rs"]
+mod handoff;
+
+use std::sync::Mutex;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn_dataparallel::DataParallelBackend;
+use handoff::*;
+
+/// burn-collective keeps one collective per backend type in the process: one hand-off at a
+/// time.
+static COLLECTIVE: Mutex<()> = Mutex::new(());
+
+/// Six steps through the wrapper (three replicas), the checkpoint, then six more steps on
+/// `peers` peers and, for reference, through the wrapper again from the same checkpoint.
+/// SGD's update is proportional to the gradient, so a wrong reduction (a sum for a mean, a
+/// peer left out) shows; Adam's is not, and carries per-parameter state.
+fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim) {
+    let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
+    let device: B::Device = Default::default();
+    // Global batches of 12 rows: equal slices for 2, 3 and 4 peers and replicas.
+    let all = batches(12, 12);
+    let (first, next) = all.split_at(6);
+    let (model, _) = train_data_parallel(
+        Classifier::<B>::new(&device),
+        vec![device.clone(); 3],
+        first,
+        optim,
+    );
+    let saved = parameters(&model);
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("classifier");
+    save(model, &path).expect("save");
+
+    let runs = train_all_reduce::<B>(&path, vec![device.clone(); peers], next, optim);
+    assert_eq!(runs.len(), peers);
+    for (peer, run) in runs.iter().enumerate() {
+        assert_eq!(
+            parameters(&run.loaded),
+            saved,
+            "peer {peer} starts from the checkpoint"
+        );
+    }
+    let mean = |step: usize| runs.iter().map(|r| r.losses[step]).sum::<f32>() / peers as f32;
+    assert!(
+        mean(5) < mean(0),
+        "the loss falls: {} -> {}",
+        mean(0),
+        mean(5)
+    );
+
+    let reference = load::<B>(&path, &device).expect("load");
+    let (reference, _) = train_data_parallel(reference, vec![device; 3], next, optim);
+    let reference = parameters(&reference);
+    for (peer, run) in runs.iter().enumerate() {
+        let trained = parameters(&run.trained);
+        let difference = relative_difference(&trained, &reference);
+        assert!(
+            difference < 1e-4,
+            "peer {peer} against DataParallel: relative difference {difference:e}"
+        );
+        let first = parameters(&runs[0].trained);
+        assert!(
+            relative_difference(&trained, &first) < 1e-6,
+            "peer {peer} against peer 0"
+        );
+    }
+}
+
+macro_rules! hand_off_tests {
+    ($($module:ident => $backend:ty;)*) => {$(
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn two_peers_continue_the_wrappers_training_sgd() {
+                common::within("two_peers_sgd", || hand_off::<$backend>(2, Optim::Sgd(0.1)));
+            }
+
+            #[test]
+            fn four_peers_continue_the_wrappers_training_sgd() {
+                common::within("four_peers_sgd", || hand_off::<$backend>(4, Optim::Sgd(0.1)));
+            }
+
+            #[test]
+            fn two_peers_continue_the_wrappers_training_adam() {
+                common::within("two_peers_adam", || hand_off::<$backend>(2, Optim::Adam(1e-2)));
+            }
+
+            #[test]
+            fn four_peers_continue_the_wrappers_training_adam() {
+                common::within("four_peers_adam", || hand_off::<$backend>(4, Optim::Adam(1e-2)));
+            }
+        }
+    )*};
+}
+
+hand_off_tests! {
+    flex => common::FlexAd;
+    ndarray => common::NdArrayAd;
+}
