@@ -283,4 +283,12 @@ impl ReplicaRuntime for Runtime {
             sink.reduced(bytes, elapsed);
         }
     }
+
+    fn record_hub(&self, wait: Duration, reduce: Duration) {
+        if let Some(sink) = &self.sink {
+            let mut profile = sink.lock();
+            profile.backward_wait += wait;
+            profile.backward_reduce += reduce;
+        }
+    }
 }

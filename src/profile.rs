@@ -67,6 +67,16 @@ pub struct StepProfile {
     /// In the backward: collecting the replicas' parameter gradients and moving them back to
     /// the parameters' device (zero when every replica shares that device).
     pub backward_transfers: Duration,
+    /// In the parallel backward, on the calling thread: from starting the replicas'
+    /// backwards to the last one done (waiting; zero when the backward ran on the calling
+    /// thread).
+    pub backward_wait: Duration,
+    /// In the parallel backward, on the calling thread: combining the replicas' gradients
+    /// (summed for parameters, rows concatenated for inputs) on the targets' devices and
+    /// handing them to Burn's gradients, up to those devices having run it;
+    /// `backward_transfers` included. With `backward_wait`, what the wrapper adds to the
+    /// caller's backward beyond the replicas' own.
+    pub backward_reduce: Duration,
     /// Input bytes moved to other devices by the scatter.
     pub bytes_scattered: u64,
     /// Parameter bytes moved to replicas on other devices.
@@ -115,7 +125,8 @@ impl std::fmt::Display for StepProfile {
         write!(
             f,
             "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, running states {:.3} ms, \
-             gather {:.3} ms, {backward}backward transfers {:.3} ms; moved {} B scattered, {} B \
+             gather {:.3} ms, {backward}backward wait {:.3} ms, backward reduce {:.3} ms, \
+             backward transfers {:.3} ms; moved {} B scattered, {} B \
              broadcast in {} transfers, {} B of running states, {} B gathered, {} B reduced in \
              {} transfers",
             ms(self.scatter),
@@ -123,6 +134,8 @@ impl std::fmt::Display for StepProfile {
             list(&self.forward),
             ms(self.running_states),
             ms(self.gather),
+            ms(self.backward_wait),
+            ms(self.backward_reduce),
             ms(self.backward_transfers),
             self.bytes_scattered,
             self.bytes_broadcast,

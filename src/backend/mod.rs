@@ -259,6 +259,11 @@ pub trait ReplicaRuntime: Send + Sync {
 
     /// Records one gradient transfer of the backward (when profiling).
     fn record_transfer(&self, bytes: u64, elapsed: Duration);
+
+    /// Records the hub's time on the calling thread (when profiling): `wait`, from starting
+    /// the replicas' backwards to the last one done; `reduce`, combining their gradients and
+    /// registering them.
+    fn record_hub(&self, wait: Duration, reduce: Duration);
 }
 
 /// How a replica's leaf relates to the caller's tensor it copies.

@@ -262,6 +262,21 @@ fn profile_counts_transfers<B: DataParallelBackend>() {
         profile.bytes_running_states, 0,
         "the MLP has no running states"
     );
+    // The parallel backward (where the backend runs one) waited for the three replicas'
+    // backwards on the calling thread, then combined their gradients there, transfers
+    // included.
+    let none = std::time::Duration::ZERO;
+    if !profile.backward.is_empty() {
+        assert_eq!(profile.backward.len(), 3, "{profile}");
+        assert!(profile.backward_wait > none, "{profile}");
+        assert!(profile.backward_reduce > none, "{profile}");
+        assert!(
+            profile.backward_reduce >= profile.backward_transfers,
+            "{profile}"
+        );
+    } else {
+        assert_eq!(profile.backward_wait, none, "{profile}");
+    }
 
     let expected = mse(&bare, x, y).backward();
     let weight = |m: &Mlp<B>, g| values(m.hidden.weight.val().grad(g).expect("weight gradient"));

@@ -4,7 +4,7 @@
 //! parents.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -174,11 +174,19 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> 
     /// and registers them.
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let graphs = ops.state;
+        let profiling = graphs.setup.runtime.profiling();
+        let started = Instant::now();
         let (per_replica, failure) = graphs.run_backward();
+        let waited = started.elapsed();
+        let started = Instant::now();
         let targets = graphs.reduce_targets();
         let reduce: Vec<Target<B::Device>> = targets.iter().map(|(_, _, t)| t.clone()).collect();
+        let devices: Vec<B::Device> = match profiling {
+            true => reduce.iter().map(|t| t.device.clone()).collect(),
+            false => Vec::new(),
+        };
         let log = Log(graphs.setup.runtime.clone());
-        let log: Option<&dyn TransferLog> = match graphs.setup.runtime.profiling() {
+        let log: Option<&dyn TransferLog> = match profiling {
             true => Some(&log),
             false => None,
         };
@@ -198,6 +206,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> 
                 }
                 None => {}
             }
+        }
+        if profiling {
+            crate::profile::synchronize::<B>(&devices);
+            (graphs.setup.runtime).record_hub(waited, started.elapsed());
         }
         if let Some((replica, message)) = failure {
             let (slot, device) = &graphs.setup.replicas[replica];
