@@ -7,7 +7,7 @@
 //! ```sh
 //! cargo bench --bench host_work                      # CPU (Flex): ResNet-18 and the encoder
 //! cargo bench --bench host_work -- encoder           # one model
-//! scripts/compare-host-work.sh REV                   # this tree against commit REV, interleaved
+//! scripts/compare-bench.sh REV host_work             # this tree against commit REV, interleaved
 //! ```
 //!
 //! Configurations run round-robin, `HOST_WORK_ROUNDS` times (default 3): each row gives the
@@ -16,8 +16,7 @@
 //! synchronisation costs nothing).
 //!
 //! Environment: `HOST_WORK_REPLICAS` (default `2,4`), `HOST_WORK_BATCH` (default 16),
-//! `HOST_WORK_STEPS="WARM,TIMED"` per round (default `3,20`), `HOST_WORK_ROUNDS`,
-//! `HOST_WORK_TAG` (a word put in front of every row, to tell two builds apart).
+//! `HOST_WORK_STEPS="WARM,TIMED"` per round (default `3,20`), `HOST_WORK_ROUNDS`.
 
 use std::time::{Duration, Instant};
 
@@ -153,7 +152,6 @@ fn main() {
     let steps = list_from_env("HOST_WORK_STEPS", "3,20");
     let (warm, timed) = (steps[0], steps[1]);
     let rounds = list_from_env("HOST_WORK_ROUNDS", "3")[0];
-    let tag = std::env::var("HOST_WORK_TAG").unwrap_or_default();
 
     let device = Default::default();
     let mut configs: Vec<Config<B>> = models
@@ -177,13 +175,13 @@ fn main() {
         }
     }
     println!(
-        "| build | model | batch | replicas | replicate (ms) | calling thread's CPU in backward \
-         (ms) | backward (ms) | step (ms) |"
+        "| model | batch | replicas | replicate (ms) | calling thread's CPU in backward (ms) | \
+         backward (ms) | step (ms) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for c in &configs {
         println!(
-            "| {tag} | {} | {batch} | {} | {} | {} | {} | {} |",
+            "| {} | {batch} | {} | {} | {} | {} | {} |",
             c.model,
             c.replicas,
             summary(&c.rounds, |s| s.replicate),
