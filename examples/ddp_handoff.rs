@@ -5,15 +5,18 @@
 //! ```sh
 //! cargo run --release --example ddp_handoff            # CPU (Flex), 2 peers
 //! cargo run --release --example ddp_handoff -- 4       # CPU, 4 peers
+//! cargo run --release --example ddp_handoff -- 2 --processes   # 2 processes: hangs in Burn 0.21
 //! ```
 //!
 //! The distributed form here is burn-collective's (burn's `collective` feature): every peer
 //! holds the whole model, takes its own slice of each global batch, and all-reduces its
 //! gradients with the other peers' (`GradientsParams::all_reduce`, `ReduceOperation::Mean`)
 //! before its own optimizer step, so that every peer applies the same update. Peers are
-//! threads of this process, each registered with burn-collective; across machines the same
-//! loop runs in one process per node, with the node count and the orchestrator's address in
-//! its `CollectiveConfig`. burn-train's `ExecutionStrategy::ddp` is the same algorithm under
+//! threads of this process, each registered with burn-collective, or with `--processes` one
+//! process each (this program again), all-reducing through burn-collective's orchestrator
+//! over the loopback interface, as nodes on several machines would with their addresses in
+//! their `CollectiveConfig` (in Burn 0.21 this form hangs after the first gradients and the
+//! example stops after two minutes with the nodes' state: see `common/handoff_nodes.rs`). burn-train's `ExecutionStrategy::ddp` is the same algorithm under
 //! the `Learner`, on backends that implement `DistributedBackend` (in Burn 0.21: CubeCL's,
 //! CUDA with NCCL; not the CPU's).
 //!
@@ -21,285 +24,29 @@
 //! from the same checkpoint and compares: after the same steps at the same global batch, the
 //! peers' parameters equal the wrapper's within float tolerance.
 
-use std::path::Path;
-
-use burn::collective::{self, CollectiveConfig, PeerId, ReduceOperation};
-use burn::module::AutodiffModule;
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig, Relu};
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
-use burn::record::{DefaultFileRecorder, FullPrecisionSettings, RecorderError};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use burn_dataparallel::{ConcatBackend, DataParallel, DataParallelBackend, Forward};
-
-/// A small classifier of points in 8 dimensions into 4 classes.
-#[derive(Module, Debug)]
-pub struct Classifier<B: Backend> {
-    hidden: Linear<B>,
-    activation: Relu,
-    output: Linear<B>,
-}
-
-impl<B: Backend> Classifier<B> {
-    pub fn new(device: &B::Device) -> Self {
-        Self {
-            hidden: LinearConfig::new(8, 32).init(device),
-            activation: Relu::new(),
-            output: LinearConfig::new(32, 4).init(device),
-        }
-    }
-
-    fn logits(&self, points: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.output
-            .forward(self.activation.forward(self.hidden.forward(points)))
-    }
-}
-
-impl<B: ConcatBackend> Forward<B> for Classifier<B> {
-    type Input = Tensor<B, 2>;
-    type Output = Tensor<B, 2>;
-
-    fn forward(&self, points: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.logits(points)
-    }
-}
-
-/// One global batch: points and their labels, as plain data so that every peer and device
-/// builds the same tensors.
-#[derive(Clone)]
-pub struct Batch {
-    pub points: TensorData,
-    pub labels: TensorData,
-}
-
-impl Batch {
-    fn len(&self) -> usize {
-        self.points.shape[0]
-    }
-
-    /// Rows `rows` of the batch on `device`.
-    fn tensors<B: Backend>(
-        &self,
-        rows: std::ops::Range<usize>,
-        device: &B::Device,
-    ) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-        let points = Tensor::<B, 2>::from_data(self.points.clone(), device).slice(rows.clone());
-        let labels = Tensor::<B, 1, Int>::from_data(self.labels.clone(), device).slice(rows);
-        (points, labels)
-    }
-}
-
-/// `count` global batches of `size` points around four centres, labelled by their centre;
-/// the same for every call with the same arguments (a fixed linear congruential sequence).
-pub fn batches(count: usize, size: usize) -> Vec<Batch> {
-    let mut state = 0x2545_f491_u64;
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        ((state >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    };
-    let centres: Vec<f32> = (0..4 * 8).map(|_| 2.0 * next()).collect();
-    (0..count)
-        .map(|_| {
-            let labels: Vec<i64> = (0..size)
-                .map(|_| ((next() + 1.0) * 2.0) as i64 % 4)
-                .collect();
-            let points: Vec<f32> = labels
-                .iter()
-                .flat_map(|&l| (0..8).map(move |d| (l as usize, d)))
-                .map(|(l, d)| centres[l * 8 + d] + next())
-                .collect();
-            Batch {
-                points: TensorData::new(points, [size, 8]),
-                labels: TensorData::new(labels, [size]),
-            }
-        })
-        .collect()
-}
-
-/// The optimizer of both runs, with its learning rate: each run starts it fresh (a module
-/// checkpoint holds no optimizer state).
-#[derive(Clone, Copy, Debug)]
-pub enum Optim {
-    Adam(f64),
-    Sgd(f64),
-}
-
-/// An optimizer of [`Optim`]'s kind for module `M`.
-enum Stepper<B: AutodiffBackend, M: AutodiffModule<B>> {
-    Adam(OptimizerAdaptor<Adam, M, B>, f64),
-    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, M, B>, f64),
-}
-
-impl<B: AutodiffBackend, M: AutodiffModule<B>> Stepper<B, M> {
-    fn new(optim: Optim) -> Self {
-        match optim {
-            Optim::Adam(lr) => Self::Adam(AdamConfig::new().init(), lr),
-            Optim::Sgd(lr) => Self::Sgd(SgdConfig::new().init(), lr),
-        }
-    }
-
-    fn step(&mut self, module: M, grads: GradientsParams) -> M {
-        match self {
-            Self::Adam(optim, lr) => optim.step(*lr, module, grads),
-            Self::Sgd(optim, lr) => optim.step(*lr, module, grads),
-        }
-    }
-}
-
-/// Trains `model` through `DataParallel` over `devices` on `batches` (one step each, with
-/// `optim`); returns the model and each step's loss.
-pub fn train_data_parallel<B: DataParallelBackend>(
-    model: Classifier<B>,
-    devices: Vec<B::Device>,
-    batches: &[Batch],
-    optim: Optim,
-) -> (Classifier<B>, Vec<f32>) {
-    let device = devices[0].clone();
-    let mut dp = DataParallel::new(model, devices).expect("valid devices");
-    let mut optim = Stepper::new(optim);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut losses = Vec::new();
-    for batch in batches {
-        let (points, labels) = batch.tensors::<B>(0..batch.len(), &device);
-        let loss = loss_fn.forward(dp.forward(points), labels);
-        losses.push(loss.clone().into_scalar().elem::<f32>());
-        let grads = GradientsParams::from_grads(loss.backward(), &dp);
-        dp = optim.step(dp, grads);
-    }
-    (dp.into_inner(), losses)
-}
-
-/// Saves `model` where the distributed run will find it: the checkpoint saved through the
-/// wrapper is the bare model's (`into_inner`, or the wrapper itself, give the same record).
-/// The recorder keeps every bit of the parameters (full precision), so the distributed run
-/// starts from exactly the wrapper's model.
-pub fn save<B: Backend>(model: Classifier<B>, path: &Path) -> Result<(), RecorderError> {
-    model.save_file(path, &DefaultFileRecorder::<FullPrecisionSettings>::new())
-}
-
-/// The model saved at `path` by [`save`], on `device`.
-pub fn load<B: Backend>(path: &Path, device: &B::Device) -> Result<Classifier<B>, RecorderError> {
-    Classifier::new(device).load_file(
-        path,
-        &DefaultFileRecorder::<FullPrecisionSettings>::new(),
-        device,
-    )
-}
-
-/// What one peer of the distributed run saw.
-pub struct PeerRun<B: Backend> {
-    /// The model as loaded from the checkpoint, before any step.
-    pub loaded: Classifier<B>,
-    /// The model after the last step.
-    pub trained: Classifier<B>,
-    /// Each step's loss on this peer's slice of the batch.
-    pub losses: Vec<f32>,
-}
-
-/// Continues training from the checkpoint at `path` with one peer per device in `devices`,
-/// as burn-collective's all-reduce does it: every peer loads the checkpoint, takes its slice
-/// of each global batch (the batch split into equal slices, peer `i` the `i`-th), computes
-/// its gradients, averages them with the other peers' (`ReduceOperation::Mean`) and steps its
-/// own optimizer (`optim`). Returns each peer's run, in peer order.
-///
-/// # Panics
-///
-/// If a global batch does not split into equal slices over the peers (the mean of the
-/// slices' mean-loss gradients is then not the whole batch's), or if a collective operation
-/// fails.
-pub fn train_all_reduce<B: AutodiffBackend>(
-    path: &Path,
-    devices: Vec<B::Device>,
-    batches: &[Batch],
-    optim: Optim,
-) -> Vec<PeerRun<B>> {
-    let peers = devices.len();
-    assert!(
-        batches.iter().all(|b| b.len() % peers == 0),
-        "every global batch must split into {peers} equal slices"
-    );
-    let config = CollectiveConfig::default().with_num_devices(peers);
-    collective::reset_collective::<B::InnerBackend>();
-    std::thread::scope(|scope| {
-        let runs: Vec<_> = devices
-            .into_iter()
-            .enumerate()
-            .map(|(peer, device)| {
-                let config = config.clone();
-                scope.spawn(move || {
-                    let id = PeerId::from(peer);
-                    collective::register::<B::InnerBackend>(id, device.clone(), config)
-                        .expect("register with the collective");
-                    let loaded = load::<B>(path, &device).expect("the wrapper's checkpoint");
-                    let mut model = loaded.clone();
-                    let mut optim = Stepper::new(optim);
-                    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-                    let mut losses = Vec::new();
-                    for batch in batches {
-                        let slice = batch.len() / peers;
-                        let rows = peer * slice..(peer + 1) * slice;
-                        let (points, labels) = batch.tensors::<B>(rows, &device);
-                        let loss = loss_fn.forward(model.logits(points), labels);
-                        losses.push(loss.clone().into_scalar().elem::<f32>());
-                        let grads = GradientsParams::from_grads(loss.backward(), &model)
-                            .all_reduce::<B::InnerBackend>(id, ReduceOperation::Mean)
-                            .expect("all-reduce of the gradients");
-                        model = optim.step(model, grads);
-                    }
-                    collective::finish_collective::<B::InnerBackend>(id)
-                        .expect("leave the collective");
-                    PeerRun {
-                        loaded,
-                        trained: model,
-                        losses,
-                    }
-                })
-            })
-            .collect();
-        runs.into_iter()
-            .map(|run| run.join().expect("a peer panicked"))
-            .collect()
-    })
-}
-
-/// Every float parameter of `model`, flattened, in module order.
-pub fn parameters<B: Backend>(model: &Classifier<B>) -> Vec<f32> {
-    struct Flatten(Vec<f32>);
-    impl<B: Backend> ModuleVisitor<B> for Flatten {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let data = param.val().into_data().convert::<f32>();
-            self.0.extend(data.as_slice::<f32>().expect("f32 data"));
-        }
-    }
-    let mut flatten = Flatten(Vec::new());
-    model.visit(&mut flatten);
-    flatten.0
-}
-
-/// The largest difference between `a` and `b` relative to `b`'s largest magnitude.
-pub fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "the same parameters");
-    let scale = b
-        .iter()
-        .fold(0f32, |m, x| m.max(x.abs()))
-        .max(f32::MIN_POSITIVE);
-    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    diff / scale
-}
-
+// Shared with `tests/ddp_handoff.rs`, which uses parts this program does not.
 #[allow(dead_code)]
+#[path = "common/handoff.rs"]
+mod handoff;
+#[allow(dead_code)]
+#[path = "common/handoff_nodes.rs"]
+mod handoff_nodes;
+
+use std::process::Command;
+use std::time::Duration;
+
+use handoff::*;
+use handoff_nodes::{run_node_from_env, run_processes};
+
 fn main() {
     type B = burn::backend::Autodiff<burn::backend::Flex>;
-    let peers: usize = std::env::args()
-        .nth(1)
-        .map(|n| n.parse().expect("the peer count"))
-        .unwrap_or(2);
     let device = Default::default();
+    if run_node_from_env::<B>(device) {
+        return;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let processes = args.iter().any(|a| a == "--processes");
+    let peers: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(2);
     let (global_batch, optim) = (64, Optim::Adam(1e-2));
 
     // 1. Train through DataParallel on one machine (two replicas here) and save.
@@ -318,19 +65,41 @@ fn main() {
     println!("checkpoint: {}", path.display());
 
     // 2. Continue from the checkpoint with Burn's all-reduce over `peers` peers, at the same
-    //    global batch (each peer takes global_batch / peers rows of it).
-    let runs = train_all_reduce::<B>(&path, vec![device; peers], next, optim);
-    let mean_loss = |step: usize| runs.iter().map(|r| r.losses[step]).sum::<f32>() / peers as f32;
-    println!(
-        "all-reduce over {peers} peers, 20 more steps: loss {:.4} -> {:.4}",
-        mean_loss(0),
-        mean_loss(19)
-    );
+    //    global batch (each peer takes global_batch / peers rows of it): threads of this
+    //    process, or with `--processes` one process per peer, on the loopback interface.
+    let trained = match processes {
+        false => {
+            let runs = train_all_reduce::<B>(&path, vec![device; peers], next, optim);
+            let mean =
+                |step: usize| runs.iter().map(|r| r.losses[step]).sum::<f32>() / peers as f32;
+            println!(
+                "all-reduce over {peers} peers, 20 more steps: loss {:.4} -> {:.4}",
+                mean(0),
+                mean(19)
+            );
+            runs.into_iter().next().expect("a peer").trained
+        }
+        true => {
+            let exe = std::env::current_exe().expect("this program");
+            let command = || Command::new(&exe);
+            let models = run_processes::<B>(
+                command,
+                peers,
+                &path,
+                (20, 40, global_batch),
+                optim,
+                &device,
+                Duration::from_secs(120),
+            );
+            println!("all-reduce over {peers} processes, 20 more steps: done");
+            models.into_iter().next().expect("a node")
+        }
+    };
 
     // 3. The same 20 steps through DataParallel from the same checkpoint, for comparison.
     let resumed = load::<B>(&path, &device).expect("the checkpoint");
     let (reference, _) = train_data_parallel(resumed, vec![device; 2], next, optim);
-    let difference = relative_difference(&parameters(&runs[0].trained), &parameters(&reference));
+    let difference = relative_difference(&parameters(&trained), &parameters(&reference));
     println!(
         "parameters, all-reduce peers against DataParallel: relative difference {difference:.2e}"
     );
