@@ -1,8 +1,9 @@
 //! Training-step time of one model at one global batch, for each way a Burn user can spread it
 //! over N devices: the bare model under burn-train's `Learner` on one device; `DataParallel`
 //! with N replicas, in a hand-written loop and under the `Learner` (the model's own
-//! `TrainStep` on every replica); and burn-train 0.21's `ExecutionStrategy::MultiDevice` over
-//! the same N devices, with both optimizer modes (`OptimMainDevice`, `OptimSharded`).
+//! `TrainStep` on every replica); burn-train 0.21's `ExecutionStrategy::MultiDevice` over
+//! the same N devices, with both optimizer modes (`OptimMainDevice`, `OptimSharded`); and
+//! burn-collective's all-reduce of gradients between N peers.
 //!
 //! ```sh
 //! cargo bench --bench strategies                       # CPU (Flex), small shapes
@@ -25,141 +26,36 @@
 //!
 //! Devices: replica `i` on device `i` modulo the device count (the one CPU device, one GPU
 //! listed N times, or N GPUs). Where a strategy cannot run in a configuration, its row says
-//! why. burn-train 0.21's DDP strategy is not among the rows: it needs `DistributedBackend`,
-//! which Burn 0.21 implements only for CubeCL backends (not the CPU's), and burn-train's
-//! `ddp` feature (burn-collective, NCCL on CUDA), which this crate does not build.
+//! why. DDP's algorithm runs as burn-collective's all-reduce in a hand-written loop (one peer
+//! per device, threads, each with the whole model and a batch of `G / N`, gradients averaged
+//! before each peer's own SGD step; its CPU column is peer 0's thread). burn-train 0.21's
+//! `ExecutionStrategy::ddp` itself is not among the rows: it needs `DistributedBackend`, which
+//! Burn 0.21 implements only for CubeCL backends (not the CPU's), and burn's `distributed`
+//! feature (NCCL on CUDA), which this crate does not build.
 //!
 //! Environment: `STRATEGIES_REPLICAS` (default `2,4`), `STRATEGIES_STEPS="WARM,TIMED"`
 //! (default `3,10` on the CPU, `5,20` on CUDA), `STRATEGIES_BATCH` (the global batch; default
 //! the model's `train_step` batch), `STRATEGIES_ROUNDS`.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use burn::data::dataloader::DataLoaderBuilder;
-use burn::data::dataloader::batcher::Batcher;
-use burn::data::dataset::InMemDataset;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{GradientsParams, Optimizer, SgdConfig};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Distribution, Int, Tensor};
-use burn::train::{
-    ClassificationOutput, ExecutionStrategy, InferenceStep, Learner, MultiDeviceOptim,
-    SupervisedTraining, TrainOutput, TrainStep,
-};
-use burn_dataparallel::{DataParallel, DataParallelBackend, Mean, impl_scatter};
+use burn_dataparallel::DataParallelBackend;
 
+#[path = "common/learner_steps.rs"]
+mod learner_steps;
 #[path = "common/models.rs"]
 mod models;
 #[path = "../tests/common/silent.rs"]
 mod silent;
 #[path = "../tests/common/spread.rs"]
 mod spread;
+#[path = "common/strategy_runs.rs"]
+mod strategy_runs;
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
+use learner_steps::*;
 use models::*;
-use silent::Silent;
-use thread_cpu::thread_cpu;
-
-/// One batch: the model's input and its class targets.
-#[derive(Clone, Debug)]
-pub struct Batch<B: Backend> {
-    pub input: Input<B>,
-    pub targets: Tensor<B, 1, Int>,
-}
-impl_scatter!(Batch<B> { input, targets });
-
-impl<B: Backend> Model<B> {
-    fn classify(&self, batch: Batch<B>) -> ClassificationOutput<B> {
-        let output = self.forward(batch.input);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&output.device())
-            .forward(output.clone(), batch.targets.clone());
-        ClassificationOutput::new(loss, output, batch.targets)
-    }
-}
-
-/// When each call of the model's `TrainStep` started, and the most device memory in use seen
-/// after a forward.
-static STARTS: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
-static PEAK: Mutex<Option<u64>> = Mutex::new(None);
-static MEMORY: Mutex<MemoryProbe> = Mutex::new(no_memory);
-
-/// Device memory in use, where the backend can tell.
-type MemoryProbe = fn() -> Option<u64>;
-
-fn no_memory() -> Option<u64> {
-    None
-}
-
-impl<B: AutodiffBackend> TrainStep for Model<B> {
-    type Input = Batch<B>;
-    type Output = ClassificationOutput<B>;
-
-    fn step(&self, batch: Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
-        B::sync(&batch.targets.device()).expect("sync");
-        STARTS.lock().unwrap().push(Instant::now());
-        let item = self.classify(batch);
-        let memory = (*MEMORY.lock().unwrap())();
-        let mut peak = PEAK.lock().unwrap();
-        *peak = (*peak).max(memory);
-        drop(peak);
-        TrainOutput::new(self, item.loss.backward(), item)
-    }
-}
-
-impl<B: Backend> InferenceStep for Model<B> {
-    type Input = Batch<B>;
-    type Output = ClassificationOutput<B>;
-
-    fn step(&self, batch: Batch<B>) -> ClassificationOutput<B> {
-        self.classify(batch)
-    }
-}
-
-/// Random batches for one model: an item is only a seed, the batch is drawn on the device.
-#[derive(Clone)]
-struct Random {
-    model: String,
-    sizes: Sizes,
-}
-
-impl<B: Backend> Batcher<B, u64, Batch<B>> for Random {
-    fn batch(&self, items: Vec<u64>, device: &B::Device) -> Batch<B> {
-        let n = items.len();
-        Batch {
-            input: input::<B>(&self.model, self.sizes, n, device),
-            targets: Tensor::random([n], Distribution::Uniform(0.0, CLASSES as f64), device),
-        }
-    }
-}
-
-/// The ways of training that the bench compares.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Strategy {
-    /// The bare model under the `Learner`, on one device.
-    Bare,
-    /// `DataParallel` in a hand-written loop (`forward_with`, the gathered loss's backward).
-    WrapperLoop,
-    /// `DataParallel` under the `Learner` (the model's own `TrainStep` on every replica).
-    WrapperLearner,
-    /// burn-train's `MultiDevice`, optimizer on the main device.
-    MultiDeviceMain,
-    /// burn-train's `MultiDevice`, optimizer sharded over the devices.
-    MultiDeviceSharded,
-}
-
-impl Strategy {
-    fn name(self, n: usize) -> String {
-        match self {
-            Strategy::Bare => "bare, Learner".into(),
-            Strategy::WrapperLoop => format!("DataParallel x{n}, own loop"),
-            Strategy::WrapperLearner => format!("DataParallel x{n}, Learner"),
-            Strategy::MultiDeviceMain => format!("MultiDevice x{n}, OptimMainDevice"),
-            Strategy::MultiDeviceSharded => format!("MultiDevice x{n}, OptimSharded"),
-        }
-    }
-}
+use strategy_runs::{Setup, Strategy};
 
 /// One configuration of one model.
 struct Config {
@@ -170,137 +66,6 @@ struct Config {
     /// Each round's CPU time of the calling thread per step.
     cpu: Vec<Duration>,
     memory: Option<u64>,
-}
-
-/// What the bench runs for one model on one backend.
-struct Setup<B: Backend> {
-    model: String,
-    sizes: Sizes,
-    batch: usize,
-    steps: (usize, usize),
-    template: Model<B>,
-}
-
-impl<B: DataParallelBackend> Setup<B> {
-    /// A fresh copy of the one model every configuration starts from.
-    fn model(&self) -> Model<B> {
-        self.template.clone()
-    }
-
-    fn random(&self) -> Random {
-        Random {
-            model: self.model.clone(),
-            sizes: self.sizes,
-        }
-    }
-
-    /// Trains `warm + timed` steps in one of the ways; the step times after the warm-up, and
-    /// the calling thread's CPU time per step over the whole run (setup included).
-    fn run(&self, strategy: Strategy, replicas: usize) -> (Vec<Duration>, Option<Duration>) {
-        let cpu_start = thread_cpu();
-        let devices = spread::spread::<B>(replicas);
-        let (warm, timed) = self.steps;
-        let steps = warm + timed + 1;
-        STARTS.lock().unwrap().clear();
-        let model = self.model();
-        let per_step = match strategy {
-            Strategy::Bare => 1,
-            _ => replicas,
-        };
-        match strategy {
-            Strategy::WrapperLoop => self.own_loop(model, devices, steps),
-            _ => self.learner(strategy, model, devices, steps),
-        }
-        let starts = std::mem::take(&mut *STARTS.lock().unwrap());
-        assert_eq!(
-            starts.len(),
-            steps * per_step,
-            "one start per replica and step"
-        );
-        // A step's start is its first replica's.
-        let firsts: Vec<Instant> = starts
-            .chunks(per_step)
-            .map(|c| *c.iter().min().unwrap())
-            .collect();
-        let cpu = thread_cpu()
-            .zip(cpu_start)
-            .map(|(end, start)| (end - start) / steps as u32);
-        let times = firsts.windows(2).skip(warm).map(|w| w[1] - w[0]).collect();
-        (times, cpu)
-    }
-
-    /// `steps` steps of the wrapper in a hand-written loop, with SGD.
-    fn own_loop(&self, model: Model<B>, devices: Vec<B::Device>, steps: usize) {
-        let device = B::Device::default();
-        let mut dp = DataParallel::new(model, devices)
-            .expect("replica devices")
-            .with_running_states_per_device();
-        let mut optim = SgdConfig::new().init();
-        for _ in 0..steps {
-            let batch: Batch<B> = self.random().batch(vec![0; self.batch], &device);
-            let Mean(loss) = dp.forward_with(batch, |m, batch| {
-                // The same start mark as the model's own step.
-                B::sync(&batch.targets.device()).expect("sync");
-                STARTS.lock().unwrap().push(Instant::now());
-                Mean(m.classify(batch).loss)
-            });
-            let grads = GradientsParams::from_grads(loss.backward(), &dp);
-            dp = optim.step(0.01, dp, grads);
-        }
-        B::sync(&device).expect("sync");
-    }
-
-    /// `steps` steps under the `Learner`, with SGD, in one epoch.
-    fn learner(&self, strategy: Strategy, model: Model<B>, devices: Vec<B::Device>, steps: usize) {
-        let device = B::Device::default();
-        // `MultiDevice` takes one batch of the data loader per device and step.
-        let loaders = match strategy {
-            Strategy::MultiDeviceMain | Strategy::MultiDeviceSharded => devices.len(),
-            _ => 1,
-        };
-        let loader_batch = self.batch / loaders;
-        let global = loader_batch * loaders;
-        let train = DataLoaderBuilder::new(self.random())
-            .batch_size(loader_batch)
-            .set_device(device.clone())
-            .build(InMemDataset::new((0..(steps * global) as u64).collect()));
-        let valid = DataLoaderBuilder::new(self.random())
-            .batch_size(1)
-            .set_device(device.clone())
-            .build(InMemDataset::new(vec![0u64]));
-        let dir = tempfile::tempdir().expect("a temporary folder");
-        // One epoch, nothing logged or shown (a macro: its type follows the model's).
-        macro_rules! training {
-            () => {
-                SupervisedTraining::new(dir.path(), train, valid)
-                    .with_application_logger(None)
-                    .renderer(Silent)
-                    .num_epochs(1)
-            };
-        }
-        match strategy {
-            Strategy::Bare => {
-                training!().launch(Learner::new(model, SgdConfig::new().init(), 0.01));
-            }
-            Strategy::WrapperLearner => {
-                let dp = DataParallel::new(model, devices)
-                    .expect("replica devices")
-                    .with_running_states_per_device();
-                training!().launch(Learner::new(dp, SgdConfig::new().init(), 0.01));
-            }
-            Strategy::MultiDeviceMain | Strategy::MultiDeviceSharded => {
-                let mode = match strategy {
-                    Strategy::MultiDeviceMain => MultiDeviceOptim::OptimMainDevice,
-                    _ => MultiDeviceOptim::OptimSharded,
-                };
-                training!()
-                    .with_training_strategy(ExecutionStrategy::MultiDevice(devices, mode).into())
-                    .launch(Learner::new(model, SgdConfig::new().init(), 0.01));
-            }
-            Strategy::WrapperLoop => unreachable!("not under the Learner"),
-        }
-        B::sync(&device).expect("sync");
-    }
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -353,6 +118,7 @@ fn bench_model<B: DataParallelBackend>(
             Strategy::WrapperLearner,
             Strategy::MultiDeviceMain,
             Strategy::MultiDeviceSharded,
+            Strategy::AllReduce,
         ] {
             let rounds = match batch % n {
                 0 => Ok(Vec::new()),
