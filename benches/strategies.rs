@@ -135,9 +135,19 @@ fn bench_model<B: DataParallelBackend>(
             });
         }
     }
-    // Quiet panics: a strategy that cannot run is a row, not a crash.
+    // A strategy that cannot run is a row, not a crash; every panic (a worker's or a peer's
+    // too, whose message the row does not show) is one line on stderr.
     let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+        let first = message.unwrap_or_default().replace('\n', " / ");
+        eprintln!("panic in {}: {first}", thread.name().unwrap_or("a thread"));
+    }));
     for _ in 0..rounds {
         for config in configs.iter_mut() {
             let Ok(done) = &mut config.rounds else {
