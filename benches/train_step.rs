@@ -37,42 +37,29 @@
 //! a chart of samples/s, adding rows of the same CSV layout from `TORCH_CSV`
 //! (`benches/torch_models.py`). The device is synchronised at the end of every timed step.
 
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, Mean, StepProfile};
+use burn_dataparallel::{DataParallelBackend, DataParallelConfig, Mean};
 
 #[path = "../tests/common/spread.rs"]
 mod spread;
 
+#[path = "common/chart.rs"]
+mod chart;
+#[path = "common/cold_start.rs"]
+mod cold_start;
 #[path = "common/models.rs"]
 mod models;
+#[path = "common/train_step_rows.rs"]
+mod rows;
+use chart::{parse_csv, svg};
+use cold_start::cold;
 use models::*;
-
-/// One configuration's measurements.
-struct Row {
-    backend: String,
-    model: String,
-    batch: usize,
-    config: String,
-    median: Duration,
-    first: Duration,
-    memory: Option<u64>,
-    profile: Option<StepProfile>,
-    /// The profiled step's forward (with the loss), backward and optimizer step, each
-    /// timed up to every device having run it.
-    phases: Option<[Duration; 3]>,
-}
-
-impl Row {
-    fn samples_per_s(&self) -> f64 {
-        self.batch as f64 / self.median.as_secs_f64()
-    }
-}
+use rows::{Row, print_profile, print_row, write_outputs};
 
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
@@ -313,214 +300,6 @@ fn bench_backend<B: DataParallelBackend>(
     }
 }
 
-/// The stage profile of the row's profiled step, and the rates of its transfers between
-/// devices, if any.
-fn print_profile(row: &Row) {
-    if let Some([forward, backward, optimizer]) = row.phases {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        println!(
-            "phases {} {} b{} {}: forward and loss {:.3} ms, backward {:.3} ms, optimizer {:.3} ms",
-            row.backend,
-            row.model,
-            row.batch,
-            row.config,
-            ms(forward),
-            ms(backward),
-            ms(optimizer),
-        );
-    }
-    let Some(profile) = &row.profile else { return };
-    println!(
-        "profile {} {} b{} {}: {profile}",
-        row.backend, row.model, row.batch, row.config
-    );
-    // Effective rates of the inter-device transfers, stage time included (the replicate stage
-    // also anchors the replicas' graphs).
-    let rate = |bytes: u64, time: Duration| bytes as f64 / time.as_secs_f64() / 1e9;
-    if profile.bytes_broadcast > 0 || profile.bytes_reduced > 0 {
-        println!(
-            "transfers {} {} b{} {}: broadcast {:.1} MB at {:.1} GB/s, reduce {:.1} MB at {:.1} \
-             GB/s",
-            row.backend,
-            row.model,
-            row.batch,
-            row.config,
-            profile.bytes_broadcast as f64 / 1e6,
-            rate(profile.bytes_broadcast, profile.replicate),
-            profile.bytes_reduced as f64 / 1e6,
-            rate(profile.bytes_reduced, profile.backward_transfers),
-        );
-    }
-}
-
-/// One table row. "vs bare" is the time per sample relative to the bare model's (below 1 is
-/// faster): the step-time ratio at the same batch, and 1 / speed-up in a scaling run, whose
-/// batch grows with the replicas. Empty until the bare model's row has run.
-fn print_row(row: &Row, bare_samples_per_s: Option<f64>) {
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let memory = row
-        .memory
-        .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
-        .unwrap_or_else(|| "-".into());
-    let profile = match &row.profile {
-        Some(p) => format!(
-            "{:.2} / {:.2} / {:.2} / {:.2} / {:.2}",
-            ms(p.scatter),
-            ms(p.replicate),
-            ms(p.slowest_forward()),
-            ms(p.running_states),
-            ms(p.gather)
-        ),
-        None => "-".into(),
-    };
-    println!(
-        "| {} | {} | {} | {} | {:.3} ms | {:.0} | {} | {:.1} s | {} | {} |",
-        row.backend,
-        row.model,
-        row.batch,
-        row.config,
-        ms(row.median),
-        row.samples_per_s(),
-        bare_samples_per_s
-            .map(|b| format!("{:.3}x", b / row.samples_per_s()))
-            .unwrap_or_else(|| "-".into()),
-        row.first.as_secs_f64(),
-        memory,
-        profile,
-    );
-}
-
-/// The CSV layout shared with `benches/torch_models.py`.
-fn csv(rows: &[Row]) -> String {
-    let mut out = String::from("backend,model,batch,config,median_ms,samples_per_s,memory_bytes\n");
-    for row in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{:.4},{:.1},{}",
-            row.backend,
-            row.model,
-            row.batch,
-            row.config,
-            row.median.as_secs_f64() * 1e3,
-            row.samples_per_s(),
-            row.memory.map(|m| m.to_string()).unwrap_or_default()
-        );
-    }
-    out
-}
-
-/// How many replicas (or GPUs) a configuration name says it runs: `n` in "DataParallel xn",
-/// `N` in "DDP N GPUs"; 1 for the bare model.
-fn replica_count(config: &str) -> usize {
-    let words: Vec<&str> = config.split_whitespace().collect();
-    let after_x = words
-        .iter()
-        .find_map(|w| w.strip_prefix('x').and_then(|n| n.parse().ok()));
-    let before_gpus = words
-        .windows(2)
-        .find(|w| w[1].starts_with("GPU"))
-        .and_then(|w| w[0].parse().ok());
-    after_x.or(before_gpus).unwrap_or(1).max(1)
-}
-
-/// A grouped bar chart of samples/s: one panel per model and batch size, one bar per
-/// configuration, each panel scaled to its own maximum. With `per_replica`, rows are grouped
-/// by their batch per replica (the scaling runs, whose batch grows with the replicas).
-fn svg(records: &[(String, String, usize, f64)], per_replica: bool) -> String {
-    let group_batch = |config: &str, batch: usize| match per_replica {
-        true => batch / replica_count(config),
-        false => batch,
-    };
-    let mut groups: Vec<(String, usize)> = Vec::new();
-    let mut configs: Vec<String> = Vec::new();
-    for (model, config, batch, _) in records {
-        let key = (model.clone(), group_batch(config, *batch));
-        if !groups.contains(&key) {
-            groups.push(key);
-        }
-        if !configs.contains(config) {
-            configs.push(config.clone());
-        }
-    }
-    let colors = [
-        "#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd", "#8c8c8c", "#e17c05",
-    ];
-    let (panel_w, panel_h, top, left) = (40.0 + 28.0 * configs.len() as f64, 260.0, 40.0, 30.0);
-    let width = left + panel_w * groups.len() as f64 + 20.0;
-    let height = top + panel_h + 60.0 + 18.0 * configs.len() as f64;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
-         font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" \
-         fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">Training samples/s per \
-         model and batch size{} (bar label: samples/s)</text>\n",
-        if per_replica { " per replica" } else { "" }
-    );
-    let suffix = if per_replica { "/replica" } else { "" };
-    for (g, (model, batch)) in groups.iter().enumerate() {
-        let x0 = left + panel_w * g as f64;
-        let in_group: Vec<_> = records
-            .iter()
-            .filter(|r| &r.0 == model && group_batch(&r.1, r.2) == *batch)
-            .collect();
-        let max = in_group.iter().map(|r| r.3).fold(1e-9, f64::max);
-        for r in &in_group {
-            let c = configs.iter().position(|c| *c == r.1).unwrap_or(0);
-            let h = (panel_h - 20.0) * r.3 / max;
-            let x = x0 + 10.0 + 28.0 * c as f64;
-            let y = top + panel_h - h;
-            let _ = writeln!(
-                out,
-                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"24\" height=\"{h:.1}\" fill=\"{}\"/>\
-                 <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"8\" text-anchor=\"middle\">{:.0}</text>",
-                colors[c % colors.len()],
-                x + 12.0,
-                y - 3.0,
-                r.3
-            );
-        }
-        let _ = writeln!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{model} b{batch}{suffix}</text>",
-            x0 + panel_w / 2.0,
-            top + panel_h + 16.0
-        );
-    }
-    for (c, config) in configs.iter().enumerate() {
-        let y = top + panel_h + 40.0 + 18.0 * c as f64;
-        let _ = writeln!(
-            out,
-            "<rect x=\"{left}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\">{config}</text>",
-            y - 10.0,
-            colors[c % colors.len()],
-            left + 18.0,
-            y
-        );
-    }
-    out.push_str("</svg>\n");
-    out
-}
-
-/// Writes the CSV and the chart named by `TRAIN_STEP_CSV` and `TRAIN_STEP_SVG` (after every
-/// row, so that a run stopped at its time limit leaves what it measured).
-fn write_outputs(rows: &[Row]) {
-    let table = csv(rows);
-    if let Ok(path) = std::env::var("TRAIN_STEP_CSV") {
-        std::fs::write(&path, &table).expect("write the CSV");
-    }
-    if let Ok(path) = std::env::var("TRAIN_STEP_SVG") {
-        let mut records = parse_csv(&table);
-        if let Ok(torch) = std::env::var("TORCH_CSV") {
-            match std::fs::read_to_string(&torch) {
-                Ok(text) => records.extend(parse_csv(&text)),
-                Err(error) => eprintln!("no PyTorch results at {torch}: {error}"),
-            }
-        }
-        let per_replica = std::env::var("TRAIN_STEP_SCALE_BATCH").as_deref() == Ok("1");
-        std::fs::write(&path, svg(&records, per_replica)).expect("write the chart");
-    }
-}
-
 /// Warm-up and timed steps per configuration: `TRAIN_STEP_STEPS="WARM,TIMED"` or `default`.
 fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
     match list_from_env("TRAIN_STEP_STEPS").as_deref() {
@@ -541,91 +320,11 @@ fn list_from_env(name: &str) -> Option<Vec<usize>> {
     )
 }
 
-/// `(model, backend and configuration, batch, samples/s)` from CSV text.
-fn parse_csv(text: &str) -> Vec<(String, String, usize, f64)> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split(',').collect();
-            Some((
-                f.get(1)?.to_string(),
-                format!("{}: {}", f.first()?, f.get(3)?),
-                f.get(2)?.parse().ok()?,
-                f.get(5)?.parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
 #[cfg(feature = "cuda")]
 fn cuda_memory() -> Option<u64> {
     use cubecl::Runtime;
     let client = cubecl::cuda::CudaRuntime::client(&Default::default());
     client.memory_usage().ok().map(|m| m.bytes_in_use)
-}
-
-/// One fresh process's time to first step and to steady state.
-fn cold<B: DataParallelBackend>(model: &str, sizes: Sizes, replicas: usize, batch: usize) {
-    let start = Instant::now();
-    let device = B::Device::default();
-    let x = input::<B>(model, sizes, batch, &device);
-    let y =
-        Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, CLASSES as f64), &device);
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut optim = SgdConfig::new().init();
-    let mut dp = DataParallel::new(
-        Model::<B>::new(model, sizes, &device),
-        vec![device.clone(); replicas.max(1)],
-    )
-    .expect("settings");
-    let mut ends = Vec::new();
-    let mut warm_up = None;
-    if replicas > 0 {
-        let report = dp
-            .warm_up((x.clone(), y.clone()), |m, (x, y)| {
-                loss_fn.forward(m.forward(x), y)
-            })
-            .expect("warm-up");
-        warm_up = Some(report.total());
-    }
-    for _ in 0..40 {
-        let step_start = Instant::now();
-        let loss = if replicas == 0 {
-            loss_fn.forward(dp.module().forward(x.clone()), y.clone())
-        } else {
-            let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
-                Mean(loss_fn.forward(m.forward(x), y))
-            });
-            loss
-        };
-        let grads = GradientsParams::from_grads(loss.backward(), &dp);
-        dp = optim.step(0.01, dp, grads);
-        B::sync(&device).expect("sync");
-        ends.push((start.elapsed(), step_start.elapsed()));
-    }
-    let tail = median(ends[30..].iter().map(|e| e.1).collect());
-    let steady = ends
-        .iter()
-        .position(|e| e.1.as_secs_f64() <= 1.5 * tail.as_secs_f64())
-        .unwrap_or(ends.len() - 1);
-    let secs = |d: Duration| d.as_secs_f64();
-    println!(
-        "cold | {model} | {} | {batch} | {} | {:.2} s | {:.3} / {:.3} / {:.3} s | {:.2} s (step {}) | {:.3} ms |",
-        match replicas {
-            0 => "bare".to_string(),
-            n => format!("DataParallel x{n}"),
-        },
-        warm_up
-            .map(|w| format!("{:.2} s", secs(w)))
-            .unwrap_or_else(|| "-".into()),
-        secs(ends[0].0),
-        secs(ends[1].1),
-        secs(ends[2].1),
-        secs(ends[3].1),
-        secs(ends[steady].0),
-        steady + 1,
-        secs(tail) * 1e3,
-    );
 }
 
 fn main() {
