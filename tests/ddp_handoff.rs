@@ -22,6 +22,23 @@ use handoff_nodes::{NODE_ENV, run_node_from_env, run_processes};
 /// time.
 static COLLECTIVE: Mutex<()> = Mutex::new(());
 
+/// The first half of a hand-off: 12 global batches of 12 rows (equal slices for 2, 3 and 4
+/// peers and replicas), six steps through the wrapper (three replicas) on the first six, and
+/// the checkpoint, `classifier` in the returned folder. Returns the batches, the saved
+/// parameters and the folder.
+fn first_half<B: DataParallelBackend + AutodiffBackend>(
+    device: &B::Device,
+    optim: Optim,
+) -> (Vec<Batch>, Vec<f32>, tempfile::TempDir) {
+    let all = batches(12, 12);
+    let model = Classifier::<B>::new(device);
+    let (model, _) = train_data_parallel(model, vec![device.clone(); 3], &all[..6], optim);
+    let saved = parameters(&model);
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    save(model, &dir.path().join("classifier")).expect("save");
+    (all, saved, dir)
+}
+
 /// Six steps through the wrapper (three replicas), the checkpoint, then six more steps on
 /// `peers` peers and, for reference, through the wrapper again from the same checkpoint.
 /// SGD's update is proportional to the gradient, so a wrong reduction (a sum for a mean, a
@@ -29,19 +46,8 @@ static COLLECTIVE: Mutex<()> = Mutex::new(());
 fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim) {
     let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
     let device: B::Device = Default::default();
-    // Global batches of 12 rows: equal slices for 2, 3 and 4 peers and replicas.
-    let all = batches(12, 12);
-    let (first, next) = all.split_at(6);
-    let (model, _) = train_data_parallel(
-        Classifier::<B>::new(&device),
-        vec![device.clone(); 3],
-        first,
-        optim,
-    );
-    let saved = parameters(&model);
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let path = dir.path().join("classifier");
-    save(model, &path).expect("save");
+    let (all, saved, dir) = first_half::<B>(&device, optim);
+    let (next, path) = (&all[6..], dir.path().join("classifier"));
 
     let runs = train_all_reduce::<B>(&path, vec![device.clone(); peers], next, optim);
     assert_eq!(runs.len(), peers);
@@ -84,18 +90,8 @@ fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim
 fn hand_off_to_processes<B: DataParallelBackend + AutodiffBackend>(nodes: usize, optim: Optim) {
     let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
     let device: B::Device = Default::default();
-    let all = batches(12, 12);
-    let (first, next) = all.split_at(6);
-    let (model, _) = train_data_parallel(
-        Classifier::<B>::new(&device),
-        vec![device.clone(); 3],
-        first,
-        optim,
-    );
-    let saved = parameters(&model);
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let path = dir.path().join("classifier");
-    save(model, &path).expect("save");
+    let (all, saved, dir) = first_half::<B>(&device, optim);
+    let (next, path) = (&all[6..], dir.path().join("classifier"));
 
     let exe = std::env::current_exe().expect("this test binary");
     let command = || {
