@@ -237,23 +237,28 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
     }
 }
 
-/// Lays every gradient of a replica's parameters out contiguously (a copy only where the
-/// backward left it strided, e.g. a convolution's weight gradient): done on the replica's
-/// worker, in parallel with the others, it spares the calling thread a strided copy or sum
-/// per replica and parameter in the combine.
+/// Lays every gradient of a replica's parameters out contiguously for the combine, on the
+/// replica's worker ([`comm::contiguous`]).
 struct Contiguous<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     _backend: PhantomData<B>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_, B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_, B>
+where
+    B::InnerBackend: ConcatBackend,
+{
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            let dims = grad.dims();
-            let flat = grad.reshape([dims.iter().product::<usize>()]);
-            self.grads
-                .register::<B::InnerBackend, D>(param.id, flat.reshape(dims));
-        }
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
+            return;
+        };
+        let grad = match grad.into_primitive() {
+            TensorPrimitive::Float(grad) => {
+                TensorPrimitive::Float(comm::contiguous::<B::InnerBackend>(grad))
+            }
+            quantized => quantized,
+        };
+        (self.grads).register::<B::InnerBackend, D>(param.id, Tensor::from_primitive(grad));
     }
 }
 

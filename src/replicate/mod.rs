@@ -115,14 +115,14 @@ fn copies<B: ConcatBackend, M: Module<B>>(
     states: &mut RunningStates<B, M>,
     links: Links<'_, B>,
 ) -> Vec<M> {
-    // Copies that are not the module's graph carry plain values; each replica then gets
-    // leaves, made from the values alone: a copy that stays on the module's device needs no
-    // detaching, one bound for another device is detached first so that its transfer adds
-    // nothing to the caller's graph.
-    let plain = |source: &M, device: &B::Device| match links {
-        Links::Shared => source.clone(),
+    // The module's graph moves as it is; other copies carry plain values, from which each
+    // replica then makes its leaves: a copy that stays on the module's device needs neither
+    // detaching nor a transfer, one bound for another device is detached first so that its
+    // transfer adds nothing to the caller's graph.
+    let copy_to = |source: &M, device: &B::Device| match links {
+        Links::Shared => move_coalesced(source, device, bucket_size),
         _ if broadcast::is_on(source, device) => source.clone(),
-        _ => source.clone().map(&mut Detach),
+        _ => move_coalesced(&source.clone().map(&mut Detach), device, bucket_size),
     };
     let targets = match links {
         Links::Shared => HashMap::new(),
@@ -137,11 +137,7 @@ fn copies<B: ConcatBackend, M: Module<B>>(
             let copy = match made.iter().find(|(d, g, _)| *d == device && *g == group) {
                 Some((_, _, copy)) => copy.clone(),
                 None => {
-                    let copy = move_coalesced(
-                        &plain(states.source(module, replica), device),
-                        device,
-                        bucket_size,
-                    );
+                    let copy = copy_to(states.source(module, replica), device);
                     made.push((device, group, copy.clone()));
                     copy
                 }

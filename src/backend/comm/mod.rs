@@ -17,7 +17,7 @@ mod buckets;
 mod reduce;
 
 pub(crate) use buckets::plan_buckets;
-pub(crate) use reduce::{Combine, Target, reduce_add_coalesced};
+pub(crate) use reduce::{Combine, Target, contiguous, reduce_add_coalesced};
 
 use std::cell::RefCell;
 use std::sync::Arc;

@@ -192,6 +192,15 @@ fn flatten<B: Backend>(grad: FloatTensor<B>) -> FloatTensor<B> {
     B::float_reshape(grad, [count].into())
 }
 
+/// A replica's gradient laid out contiguously for the reduce: a reshape to one dimension (a
+/// copy only where the layout is strided, as a convolution's weight gradient often is) and
+/// back (free). Done on the replica's worker, in parallel with the other replicas, it spares
+/// the reduce on the calling thread a strided copy per replica and parameter in [`flatten`].
+pub(crate) fn contiguous<B: Backend>(grad: FloatTensor<B>) -> FloatTensor<B> {
+    let shape = grad.shape();
+    B::float_reshape(flatten::<B>(grad), shape)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

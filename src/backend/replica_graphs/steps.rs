@@ -109,25 +109,14 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for StoreBackward<C
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let mut grad = grads.consume::<B>(&ops.node);
         if !self.0 {
-            // A leaf's gradient, on the replica's worker: laid out contiguously here, in
-            // parallel with the other replicas, so that the hub's reduce on the calling thread
-            // flattens and adds contiguous buffers (a backward's gradients are often strided,
-            // e.g. a convolution's weight gradient, and a strided copy or sum is slow).
-            grad = contiguous::<B>(grad);
+            // A leaf's gradient, on the replica's worker.
+            grad = comm::contiguous::<B>(grad);
         }
         let key = ops.state;
         if let Some(graphs) = key.graphs.upgrade() {
             graphs.store(key.replica, self.0, key.index, grad);
         }
     }
-}
-
-/// `tensor` with a contiguous layout: a reshape to one dimension (a copy only where the
-/// layout is strided) and back (free).
-fn contiguous<B: ConcatBackend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
-    let shape = tensor.shape();
-    let flat = B::float_reshape(tensor, [shape.num_elements()].into());
-    B::float_reshape(flat, shape)
 }
 
 /// A replica's sentinel: reports the replica's backward done.
