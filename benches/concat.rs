@@ -18,16 +18,17 @@ use burn::tensor::{FloatDType, Tensor, TensorData};
 use burn_dataparallel::ConcatBackend;
 use burn_dataparallel::backend::{concat, split};
 
+// The median; the lists from the environment go unused here.
+#[allow(dead_code)]
+#[path = "common/measure.rs"]
+mod measure;
+use measure::median;
+
 struct Case {
     name: &'static str,
     parts: usize,
     shape: [usize; 2],
     dtype: FloatDType,
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 /// Median time of one `op`, from samples of `repeat` ops and one synchronisation.

@@ -27,6 +27,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, DataParallelBackend};
 
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{list_from_env, median};
 #[path = "common/models.rs"]
 mod models;
 #[path = "common/thread_cpu.rs"]
@@ -105,11 +108,6 @@ impl<B: DataParallelBackend + AutodiffBackend> Config<B> {
     }
 }
 
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
-}
-
 /// `median [lowest round - highest round]` in milliseconds.
 fn summary(rounds: &[Vec<Sample>], pick: impl Fn(&Sample) -> Duration) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -125,18 +123,6 @@ fn summary(rounds: &[Vec<Sample>], pick: impl Fn(&Sample) -> Duration) -> String
     format!("{:.3} [{:.3}-{:.3}]", ms(all), ms(*low), ms(*high))
 }
 
-fn list_from_env(name: &str, default: &str) -> Vec<usize> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.into())
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}: a list of numbers"))
-        })
-        .collect()
-}
-
 fn main() {
     type B = burn::backend::Autodiff<burn::backend::Flex>;
     let args: Vec<String> = std::env::args()
@@ -147,11 +133,11 @@ fn main() {
         .into_iter()
         .filter(|m| args.is_empty() || args.iter().any(|a| a == m))
         .collect();
-    let replicas = list_from_env("HOST_WORK_REPLICAS", "2,4");
-    let batch = list_from_env("HOST_WORK_BATCH", "16")[0];
-    let steps = list_from_env("HOST_WORK_STEPS", "3,20");
+    let replicas = list_from_env("HOST_WORK_REPLICAS").unwrap_or_else(|| vec![2, 4]);
+    let batch = list_from_env("HOST_WORK_BATCH").map_or(16, |b| b[0]);
+    let steps = list_from_env("HOST_WORK_STEPS").unwrap_or_else(|| vec![3, 20]);
     let (warm, timed) = (steps[0], steps[1]);
-    let rounds = list_from_env("HOST_WORK_ROUNDS", "3")[0];
+    let rounds = list_from_env("HOST_WORK_ROUNDS").map_or(3, |r| r[0]);
 
     let device = Default::default();
     let mut configs: Vec<Config<B>> = models

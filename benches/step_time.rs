@@ -18,6 +18,11 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
+// The median; the lists from the environment go unused here.
+#[allow(dead_code)]
+#[path = "common/measure.rs"]
+mod measure;
+use measure::median;
 // The MLP of the train-step bench (the other models there go unused here).
 #[allow(dead_code)]
 #[path = "common/models.rs"]
@@ -30,11 +35,6 @@ struct Timing {
     /// Medians of a second pass that synchronises after each phase: host time to return from
     /// the forward, then forward, backward and optimizer step each up to synchronisation.
     phases: [Duration; 4],
-}
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
 }
 
 /// Runs `steps` training steps of `replicas` replicas (0: the bare model).

@@ -43,6 +43,9 @@ use burn_dataparallel::DataParallelBackend;
 
 #[path = "common/learner_steps.rs"]
 mod learner_steps;
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{list_from_env, median};
 #[path = "common/models.rs"]
 mod models;
 #[path = "../tests/common/silent.rs"]
@@ -68,19 +71,8 @@ struct Config {
     memory: Option<u64>,
 }
 
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn list_from_env(name: &str) -> Option<Vec<usize>> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
 }
 
 /// Every configuration of one model, round-robin; prints its table.

@@ -52,6 +52,9 @@ mod spread;
 mod chart;
 #[path = "common/cold_start.rs"]
 mod cold_start;
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{list_from_env, median};
 #[path = "common/models.rs"]
 mod models;
 #[path = "common/train_step_rows.rs"]
@@ -60,11 +63,6 @@ use chart::{parse_csv, svg};
 use cold_start::cold;
 use models::*;
 use rows::{Row, print_profile, print_row, write_outputs};
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times[times.len() / 2]
-}
 
 /// Devices for `replicas` replicas: the default device for all, or with `TRAIN_STEP_DISTINCT=1`
 /// device `i` modulo the backend's device count for replica `i`.
@@ -307,17 +305,6 @@ fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
         Some(&[warm, timed]) if timed > 0 => (warm, timed),
         Some(other) => panic!("TRAIN_STEP_STEPS is \"WARM,TIMED\" with TIMED > 0, not {other:?}"),
     }
-}
-
-/// A comma-separated list of numbers from the environment variable `name`, if set.
-fn list_from_env(name: &str) -> Option<Vec<usize>> {
-    let text = std::env::var(name).ok()?;
-    let parsed: Result<Vec<usize>, _> = text.split(',').map(|n| n.trim().parse()).collect();
-    Some(
-        parsed.unwrap_or_else(|_| {
-            panic!("{name} is a comma-separated list of numbers, not {text:?}")
-        }),
-    )
 }
 
 #[cfg(feature = "cuda")]

@@ -8,7 +8,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
-use crate::median;
+use crate::measure::median;
 use crate::models::{CLASSES, Model, Sizes, input};
 
 /// One fresh process's time to first step and to steady state.
