@@ -22,17 +22,23 @@ use handoff_nodes::{NODE_ENV, run_node_from_env, run_processes};
 /// time.
 static COLLECTIVE: Mutex<()> = Mutex::new(());
 
-/// The first half of a hand-off: 12 global batches of 12 rows (equal slices for 2, 3 and 4
-/// peers and replicas), six steps through the wrapper (three replicas) on the first six, and
-/// the checkpoint, `classifier` in the returned folder. Returns the batches, the saved
+/// The hand-offs' data: `BATCHES` global batches of `ROWS` rows (equal slices for 2, 3 and 4
+/// peers and replicas), the first `HALF` trained through the wrapper, the rest after the
+/// hand-off.
+const BATCHES: usize = 12;
+const ROWS: usize = 12;
+const HALF: usize = 6;
+
+/// The first half of a hand-off: `HALF` steps through the wrapper (three replicas), and the
+/// checkpoint, `classifier` in the returned folder. Returns the batches, the saved
 /// parameters and the folder.
 fn first_half<B: DataParallelBackend + AutodiffBackend>(
     device: &B::Device,
     optim: Optim,
 ) -> (Vec<Batch>, Vec<f32>, tempfile::TempDir) {
-    let all = batches(12, 12);
+    let all = batches(BATCHES, ROWS);
     let model = Classifier::<B>::new(device);
-    let (model, _) = train_data_parallel(model, vec![device.clone(); 3], &all[..6], optim);
+    let (model, _) = train_data_parallel(model, vec![device.clone(); 3], &all[..HALF], optim);
     let saved = parameters(&model);
     let dir = tempfile::tempdir().expect("a temporary folder");
     save(model, &dir.path().join("classifier")).expect("save");
@@ -47,7 +53,7 @@ fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim
     let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
     let device: B::Device = Default::default();
     let (all, saved, dir) = first_half::<B>(&device, optim);
-    let (next, path) = (&all[6..], dir.path().join("classifier"));
+    let (next, path) = (&all[HALF..], dir.path().join("classifier"));
 
     let runs = train_all_reduce::<B>(&path, vec![device.clone(); peers], next, optim);
     assert_eq!(runs.len(), peers);
@@ -59,16 +65,18 @@ fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim
         );
     }
     let mean = |step: usize| runs.iter().map(|r| r.losses[step]).sum::<f32>() / peers as f32;
+    let last = BATCHES - HALF - 1;
     assert!(
-        mean(5) < mean(0),
+        mean(last) < mean(0),
         "the loss falls: {} -> {}",
         mean(0),
-        mean(5)
+        mean(last)
     );
 
     let reference = load::<B>(&path, &device).expect("load");
     let (reference, _) = train_data_parallel(reference, vec![device; 3], next, optim);
     let reference = parameters(&reference);
+    let first = parameters(&runs[0].trained);
     for (peer, run) in runs.iter().enumerate() {
         let trained = parameters(&run.trained);
         let difference = relative_difference(&trained, &reference);
@@ -76,7 +84,6 @@ fn hand_off<B: DataParallelBackend + AutodiffBackend>(peers: usize, optim: Optim
             difference < 1e-4,
             "peer {peer} against DataParallel: relative difference {difference:e}"
         );
-        let first = parameters(&runs[0].trained);
         assert!(
             relative_difference(&trained, &first) < 1e-6,
             "peer {peer} against peer 0"
@@ -91,7 +98,7 @@ fn hand_off_to_processes<B: DataParallelBackend + AutodiffBackend>(nodes: usize,
     let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
     let device: B::Device = Default::default();
     let (all, saved, dir) = first_half::<B>(&device, optim);
-    let (next, path) = (&all[6..], dir.path().join("classifier"));
+    let (next, path) = (&all[HALF..], dir.path().join("classifier"));
 
     let exe = std::env::current_exe().expect("this test binary");
     let command = || {
@@ -100,7 +107,15 @@ fn hand_off_to_processes<B: DataParallelBackend + AutodiffBackend>(nodes: usize,
         command
     };
     let limit = std::time::Duration::from_secs(60);
-    let trained = run_processes::<B>(command, nodes, &path, (6, 12, 12), optim, &device, limit);
+    let trained = run_processes::<B>(
+        command,
+        nodes,
+        &path,
+        (HALF, BATCHES, ROWS),
+        optim,
+        &device,
+        limit,
+    );
 
     let reference = load::<B>(&path, &device).expect("load");
     assert_eq!(

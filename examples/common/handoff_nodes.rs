@@ -122,7 +122,8 @@ impl NodeJob {
             batches: (number(4), number(5), number(6)),
             optim: match f[7] {
                 "adam" => Optim::Adam(lr),
-                _ => Optim::Sgd(lr),
+                "sgd" => Optim::Sgd(lr),
+                other => panic!("{NODE_ENV}: no optimizer {other:?}"),
             },
             checkpoint: f[9].into(),
             out: f[10].into(),
