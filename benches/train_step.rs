@@ -33,6 +33,7 @@
 //! CUDA); `TRAIN_STEP_BATCHES` (e.g. `64,256`) keeps only those of the models' batch sizes;
 //! `TRAIN_STEP_REPLICAS` (default `0,1,2,4`; 0 is the bare model) picks the configurations;
 //! `TRAIN_STEP_SERIAL_BACKWARD=1` runs every replica's backward on the calling thread;
+//! `TRAIN_STEP_OVERLAP=0` reduces the gradients after the replicas' backward, not beside it;
 //! `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes
 //! a chart of samples/s, adding rows of the same CSV layout from `TORCH_CSV`
 //! (`benches/torch_models.py`). The device is synchronised at the end of every timed step.
@@ -118,8 +119,11 @@ fn run<B: DataParallelBackend>(
     let mut dp = (replicas > 0).then(|| {
         // TRAIN_STEP_SERIAL_BACKWARD=1: every replica's backward on the calling thread.
         let serial = std::env::var("TRAIN_STEP_SERIAL_BACKWARD").as_deref() == Ok("1");
+        // TRAIN_STEP_OVERLAP=0: the gradient reduce after the replicas' backward, not beside it.
+        let overlap = std::env::var("TRAIN_STEP_OVERLAP").as_deref() != Ok("0");
         DataParallelConfig::new()
             .with_parallel_backward(!serial)
+            .with_overlap_reduce(overlap)
             .init(Model::<B>::new(model, sizes, &device), devices.clone())
             .expect("settings")
             .with_running_states_per_device()

@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|cold|multi|threads|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -18,6 +18,8 @@
 # (`strategies` runs that one alone), and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
+# `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
+# alternating processes.
 #
 # gpu-bundle/ holds the binaries and a cubecl.toml that keeps CubeCL's compilation and
 # autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
@@ -265,6 +267,21 @@ run() {
         # global batch at a time (STRATEGIES_ARGS: models; STRATEGIES_* as in the bench).
         # shellcheck disable=SC2086 # STRATEGIES_ARGS is a list of names
         step bench-strategies "$bench_limit" ./strategies ${STRATEGIES_ARGS:-}
+    fi
+    if [ "$what" = overlap ]; then
+        # The overlapped gradient reduce against the reduce after the replicas' backward, in
+        # alternating processes (OVERLAP_ROUNDS pairs) on CubeBackend, the bare model beside;
+        # OVERLAP_ARGS: models (ResNet-18 by default); each log ends with the stage profiles.
+        local round overlap
+        for ((round = 1; round <= ${OVERLAP_ROUNDS:-2}; round++)); do
+            for overlap in 1 0; do
+                # shellcheck disable=SC2086 # OVERLAP_ARGS is a list of names
+                TRAIN_STEP_OVERLAP=$overlap TRAIN_STEP_REPLICAS="${TRAIN_STEP_REPLICAS:-0,2,4}" \
+                    TRAIN_STEP_BATCHES="${TRAIN_STEP_BATCHES:-256}" \
+                    step "bench-overlap-$overlap-$round" "$bench_limit" ./train_step cube \
+                    ${OVERLAP_ARGS:-resnet18}
+            done
+        done
     fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"

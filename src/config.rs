@@ -59,8 +59,9 @@ pub struct DataParallelConfig {
     /// when `None`.
     pub shard_weights: Option<Vec<f64>>,
     /// Largest coalesced parameter transfer to a replica on another device, in bytes (25 MiB
-    /// by default). Zero moves every parameter on its own. Replicas on the parameters' device
-    /// never copy them.
+    /// by default), and largest bucket of the overlapped gradient reduce
+    /// ([`overlap_reduce`](Self::overlap_reduce)). Zero moves every parameter on its own.
+    /// Replicas on the parameters' device never copy them.
     #[config(default = 26214400)]
     pub bucket_size: usize,
     /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
@@ -74,6 +75,15 @@ pub struct DataParallelConfig {
     /// replica on the calling thread, one graph for all.
     #[config(default = true)]
     pub parallel_backward: bool,
+    /// Under the parallel backward, whether the replicas' parameter gradients are reduced in
+    /// buckets of at most [`bucket_size`](Self::bucket_size) bytes as soon as every replica
+    /// has produced its part of a bucket, while the replicas' backward goes on (the way DDP's
+    /// bucketed all-reduce overlaps the backward), rather than all at once after the last
+    /// replica's backward. The sums are the same, bit for bit; buckets run from the last
+    /// parameter back, the order a backward reaches them. Each bucket's start and end are in
+    /// [`StepProfile::reduce_buckets`](crate::StepProfile::reduce_buckets).
+    #[config(default = true)]
+    pub overlap_reduce: bool,
     /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
     /// `Learner` (see [`LossReduction`]); the hand-written loop's backward is the gathered
     /// output's and needs no such setting.
@@ -98,6 +108,7 @@ pub(crate) struct Settings<D> {
     pub(crate) shard_weights: Option<Vec<f64>>,
     pub(crate) bucket_size: usize,
     pub(crate) parallel_backward: bool,
+    pub(crate) overlap_reduce: bool,
     pub(crate) loss_reduction: LossReduction,
     /// Tests on one device: every replica after the first gets its own running states.
     pub(crate) states_per_replica: bool,
@@ -162,6 +173,7 @@ impl<D: Clone + PartialEq> Settings<D> {
             shard_weights: config.shard_weights.clone(),
             bucket_size: config.bucket_size,
             parallel_backward: config.parallel_backward,
+            overlap_reduce: config.overlap_reduce,
             loss_reduction: config.loss_reduction,
             states_per_replica: false,
             workers,

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::backend::ReplicaRuntime;
 use crate::error::{BoxError, DataParallelError};
-use crate::profile::Sink;
+use crate::profile::{ReduceBucket, Sink};
 
 /// A job for a lane; the lane catches its panics.
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -289,6 +289,12 @@ impl ReplicaRuntime for Runtime {
             let mut profile = sink.lock();
             profile.backward_wait += wait;
             profile.backward_reduce += reduce;
+        }
+    }
+
+    fn record_bucket(&self, bucket: ReduceBucket) {
+        if let Some(sink) = &self.sink {
+            sink.lock().reduce_buckets.push(bucket);
         }
     }
 }

@@ -68,15 +68,20 @@ pub struct StepProfile {
     /// the parameters' device (zero when every replica shares that device).
     pub backward_transfers: Duration,
     /// In the parallel backward, on the calling thread: from starting the replicas'
-    /// backwards to the last one done (waiting; zero when the backward ran on the calling
-    /// thread).
+    /// backwards to the last one done (zero when the backward ran on the calling thread),
+    /// the [`reduce_buckets`](Self::reduce_buckets) reduced meanwhile included.
     pub backward_wait: Duration,
-    /// In the parallel backward, on the calling thread: combining the replicas' gradients
-    /// (summed for parameters, rows concatenated for inputs) on the targets' devices and
-    /// handing them to Burn's gradients, up to those devices having run it;
-    /// `backward_transfers` included. With `backward_wait`, what the wrapper adds to the
-    /// caller's backward beyond the replicas' own.
+    /// In the parallel backward, on the calling thread, after the last replica's backward:
+    /// combining the replicas' gradients that no bucket reduced (input rows, and every
+    /// gradient when the reduce does not overlap the backward) on the targets' devices and
+    /// handing every gradient to Burn's gradients, up to those devices having run it. With
+    /// `backward_wait`, what the wrapper adds to the caller's backward beyond the replicas'
+    /// own.
     pub backward_reduce: Duration,
+    /// The buckets of gradients reduced while the replicas' backward ran
+    /// ([`DataParallelConfig::overlap_reduce`](crate::DataParallelConfig::overlap_reduce)),
+    /// in the order they were reduced; compare their times with [`backward`](Self::backward).
+    pub reduce_buckets: Vec<ReduceBucket>,
     /// Input bytes moved to other devices by the scatter.
     pub bytes_scattered: u64,
     /// Parameter bytes moved to replicas on other devices.
@@ -91,6 +96,22 @@ pub struct StepProfile {
     pub broadcast_transfers: usize,
     /// Number of gradient transfers (coalesced buckets) back in the backward.
     pub reduce_transfers: usize,
+}
+
+/// One bucket of gradients reduced while the replicas' backward ran: its times are from the
+/// start of the replicas' backward, like [`StepProfile::backward`]'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReduceBucket {
+    /// The bucket's place in the plan: 0 holds the last parameters of the module.
+    pub index: usize,
+    /// When the calling thread started reducing it (every replica's part was there).
+    pub start: Duration,
+    /// When its sum was on the parameters' device.
+    pub end: Duration,
+    /// One replica's gradient bytes in it.
+    pub bytes: u64,
+    /// The number of gradients in it.
+    pub tensors: usize,
 }
 
 impl StepProfile {
@@ -122,10 +143,19 @@ impl std::fmt::Display for StepProfile {
             true => String::new(),
             false => format!("backward [{}] ms, ", list(&self.backward)),
         };
+        let buckets = match self.reduce_buckets.is_empty() {
+            true => String::new(),
+            false => {
+                let spans: Vec<String> = (self.reduce_buckets.iter())
+                    .map(|b| format!("{:.3}-{:.3}", ms(b.start), ms(b.end)))
+                    .collect();
+                format!("buckets reduced at [{}] ms, ", spans.join(", "))
+            }
+        };
         write!(
             f,
             "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, running states {:.3} ms, \
-             gather {:.3} ms, {backward}backward wait {:.3} ms, backward reduce {:.3} ms, \
+             gather {:.3} ms, {backward}{buckets}backward wait {:.3} ms, backward reduce {:.3} ms, \
              backward transfers {:.3} ms; moved {} B scattered, {} B \
              broadcast in {} transfers, {} B of running states, {} B gathered, {} B reduced in \
              {} transfers",

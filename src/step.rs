@@ -112,6 +112,7 @@ impl<B: ConcatBackend> Step<B> {
                         .zip(shards.devices().iter().cloned())
                         .collect(),
                     runtime: Arc::new(runtime),
+                    reduce_bucket_size: settings.overlap_reduce.then_some(settings.bucket_size),
                 })
             }
             _ => None,

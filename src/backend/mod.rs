@@ -242,6 +242,9 @@ pub struct ReplicaSetup<B: Backend> {
     /// Per replica (shard order): the worker slot and the device.
     pub(crate) replicas: Vec<(usize, B::Device)>,
     pub(crate) runtime: Arc<dyn ReplicaRuntime>,
+    /// With a size, the reduce of whole targets' gradients overlaps the backward in buckets
+    /// of at most that many bytes ([`DataParallelConfig::overlap_reduce`](crate::DataParallelConfig::overlap_reduce)).
+    pub(crate) reduce_bucket_size: Option<usize>,
 }
 
 /// The pipeline's services for the per-replica backward, implemented by the worker pool.
@@ -264,6 +267,9 @@ pub trait ReplicaRuntime: Send + Sync {
     /// the replicas' backwards to the last one done; `reduce`, combining their gradients and
     /// registering them.
     fn record_hub(&self, wait: Duration, reduce: Duration);
+
+    /// Records one bucket of the overlapped reduce (when profiling).
+    fn record_bucket(&self, bucket: crate::profile::ReduceBucket);
 }
 
 /// How a replica's leaf relates to the caller's tensor it copies.

@@ -17,6 +17,7 @@ mod graphs;
 mod learner;
 #[cfg(feature = "train")]
 mod learner_steps;
+mod overlap;
 mod races;
 mod side_inputs;
 mod training;

@@ -17,7 +17,7 @@ mod buckets;
 mod reduce;
 
 pub(crate) use buckets::plan_buckets;
-pub(crate) use reduce::{Combine, Target, contiguous, reduce_add_coalesced};
+pub(crate) use reduce::{Combine, Target, contiguous, reduce_add_coalesced, sum_flat};
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -71,7 +71,7 @@ fn count(bytes: usize) {
     });
 }
 
-fn bytes_of(tensor: &impl TensorMetadata) -> usize {
+pub(crate) fn bytes_of(tensor: &impl TensorMetadata) -> usize {
     tensor.shape().num_elements() * tensor.dtype().size()
 }
 

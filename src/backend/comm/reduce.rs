@@ -76,26 +76,16 @@ pub(crate) fn reduce_add_coalesced<B: ConcatBackend>(
         }
     }
     for (destination, _, members) in common {
-        let shapes: Vec<Shape> = members
-            .iter()
-            .map(|&t| grads[0][t].as_ref().expect("common").shape())
+        let parts = grads
+            .iter_mut()
+            .map(|replica| {
+                let part = members.iter().map(|&t| replica[t].take().expect("common"));
+                part.collect()
+            })
             .collect();
-        let mut total: Option<FloatTensor<B>> = None;
-        for replica in grads.iter_mut() {
-            let flats = members
-                .iter()
-                .map(|&t| flatten::<B>(replica[t].take().expect("common")))
-                .collect();
-            let arrived = move_counted::<B>(B::float_concat(flats, 0), &destination, log);
-            total = Some(match total {
-                Some(total) => B::float_add(total, arrived),
-                None => arrived,
-            });
-        }
-        let counts: Vec<usize> = shapes.iter().map(Shape::num_elements).collect();
-        let pieces = B::float_split(total.expect("one replica at least"), &counts, 0);
-        for ((&t, piece), shape) in members.iter().zip(pieces).zip(shapes) {
-            totals[t] = Some(B::float_reshape(piece, shape));
+        let sums = sum_flat::<B>(parts, &destination, log);
+        for (&t, sum) in members.iter().zip(sums) {
+            totals[t] = Some(sum);
         }
     }
     // The rest: each replica's gradients per destination and dtype in one buffer.
@@ -116,6 +106,39 @@ pub(crate) fn reduce_add_coalesced<B: ConcatBackend>(
         };
     }
     totals
+}
+
+/// The sums on `destination` of gradients that every replica has: `parts[r][i]` is replica
+/// `r`'s gradient of the `i`-th tensor (one dtype, the same shapes in every replica). Each
+/// replica's gradients travel as one flat buffer and are added as whole buffers, in replica
+/// order; one sum per tensor comes back, in its shape.
+///
+/// Elementwise, the sums do not depend on how the tensors are grouped into calls: the
+/// overlapped reduce, which sums a bucket at a time, gives the same bits as one call for all.
+///
+/// # Panics
+///
+/// If `parts` is empty.
+pub(crate) fn sum_flat<B: ConcatBackend>(
+    parts: Vec<Vec<FloatTensor<B>>>,
+    destination: &B::Device,
+    log: Option<&dyn TransferLog>,
+) -> Vec<FloatTensor<B>> {
+    let shapes: Vec<Shape> = parts[0].iter().map(TensorMetadata::shape).collect();
+    let mut total: Option<FloatTensor<B>> = None;
+    for part in parts {
+        let flats = part.into_iter().map(flatten::<B>).collect();
+        let arrived = move_counted::<B>(B::float_concat(flats, 0), destination, log);
+        total = Some(match total {
+            Some(total) => B::float_add(total, arrived),
+            None => arrived,
+        });
+    }
+    let counts: Vec<usize> = shapes.iter().map(Shape::num_elements).collect();
+    let pieces = B::float_split(total.expect("one replica at least"), &counts, 0);
+    (pieces.into_iter().zip(shapes))
+        .map(|(piece, shape)| B::float_reshape(piece, shape))
+        .collect()
 }
 
 /// One replica's gradients, moved to their targets' devices in one buffer per destination and

@@ -24,7 +24,7 @@
 //! bare model.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -35,13 +35,15 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{FloatDType, Shape, TensorMetadata};
 
-use super::comm::{Combine, Target};
 use super::{ConcatBackend, Part, ReplicaGraphs, ReplicaSetup};
 
+mod backward;
+mod overlap;
 mod steps;
 
+use overlap::Overlap;
 pub(super) use steps::join;
-use steps::{HubBackward, Key, Lost, SentinelBackward, StoreBackward, replica_backward};
+use steps::{HubBackward, Key, SentinelBackward, StoreBackward};
 
 pub(super) type Tracked<B> = FloatTensor<Autodiff<B>>;
 
@@ -79,6 +81,8 @@ struct State<B: ConcatBackend> {
     captured: Option<usize>,
     status: Vec<Status>,
     started_at: Option<Instant>,
+    /// The buckets of the backward running now, when its reduce overlaps it.
+    overlap: Option<Overlap<B::Device>>,
 }
 
 /// A tensor of the caller's graph that replicas copy.
@@ -103,6 +107,8 @@ struct Leaf<B: ConcatBackend> {
     target: usize,
     /// The leaf itself until the hub is made, to see whether the replica used it.
     tensor: Option<Tracked<B>>,
+    /// Whether the replica's forward used it (known once the hub is made).
+    used: bool,
     grad: Option<FloatTensor<B>>,
 }
 
@@ -136,6 +142,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
                 captured: None,
                 status: vec![Status::Idle; count],
                 started_at: None,
+                overlap: None,
             }),
             changed: Condvar::new(),
             cancelled: AtomicBool::new(false),
@@ -191,7 +198,8 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         for replica in &mut state.replicas {
             for leaf in &mut replica.leaves {
                 if let Some(tensor) = leaf.tensor.take() {
-                    used[leaf.target] |= Arc::strong_count(&tensor.node) > 2;
+                    leaf.used = Arc::strong_count(&tensor.node) > 2;
+                    used[leaf.target] |= leaf.used;
                 }
             }
         }
@@ -224,187 +232,6 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         };
         state.hub = Some(hub.clone());
         hub
-    }
-
-    /// Runs every replica's backward from its stored output gradients; returns, per
-    /// replica, the gradient of every target (leaves of one target added), and the first
-    /// failure.
-    fn run_backward(&self) -> (PerReplica<B>, Option<(usize, String)>) {
-        let mut state = self.lock();
-        let mut jobs: Vec<(usize, Box<dyn FnOnce() + Send>)> = Vec::new();
-        for index in 0..state.replicas.len() {
-            let seeds: Vec<(Tracked<B>, FloatTensor<B>)> = state.replicas[index]
-                .outputs
-                .iter_mut()
-                .filter_map(|(output, grad)| grad.take().map(|grad| (output.clone(), grad)))
-                .collect();
-            if seeds.is_empty() {
-                continue;
-            }
-            let sentinel = self.sentinel(&mut state, index);
-            let key = Key {
-                graphs: self.me.clone(),
-                replica: index,
-                index: 0,
-            };
-            let lost = Lost(key.clone());
-            state.status[index] = Status::Queued;
-            jobs.push((
-                self.setup.replicas[index].0,
-                Box::new(move || {
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        replica_backward::<B, C>(seeds, sentinel, key)
-                    }));
-                    if let Err(payload) = run {
-                        lost.fail(crate::error::panic_message(payload.as_ref()));
-                    }
-                    drop(lost);
-                }),
-            ));
-        }
-        state.started_at = Some(Instant::now());
-        drop(state);
-        for (slot, job) in jobs {
-            self.setup.runtime.spawn(slot, job);
-        }
-        let mut state = self.lock();
-        let begun = Instant::now();
-        loop {
-            let waiting = |s: &Status| matches!(s, Status::Queued | Status::Started);
-            if !state.status.iter().any(waiting) {
-                break;
-            }
-            let unstarted = state.status.contains(&Status::Queued);
-            let elapsed = begun.elapsed();
-            if unstarted && elapsed >= START_LIMIT {
-                self.cancelled.store(true, Ordering::SeqCst);
-                for status in state.status.iter_mut() {
-                    if *status == Status::Queued {
-                        *status = Status::Failed(format!(
-                            "its backward did not start within {} s: another backward holds \
-                             its autodiff graph, which happens when the replica's forward used \
-                             a tracked tensor that it did not receive through its input (a \
-                             tensor captured by the forward closure); pass such tensors in the \
-                             input (`Broadcast` for a whole tensor) or turn \
-                             `parallel_backward` off",
-                            START_LIMIT.as_secs()
-                        ));
-                    }
-                }
-                break;
-            }
-            let wait = match unstarted {
-                true => START_LIMIT - elapsed,
-                false => Duration::from_secs(3600),
-            };
-            state = self
-                .changed
-                .wait_timeout(state, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        let failure = state
-            .status
-            .iter()
-            .enumerate()
-            .find_map(|(replica, status)| match status {
-                Status::Failed(message) => Some((replica, message.clone())),
-                _ => None,
-            });
-        let targets = state.targets.len();
-        let per_replica = state
-            .replicas
-            .iter_mut()
-            .map(|replica| {
-                let mut grads: Vec<Option<FloatTensor<B>>> = (0..targets).map(|_| None).collect();
-                for leaf in &mut replica.leaves {
-                    if let Some(grad) = leaf.grad.take() {
-                        let slot = &mut grads[leaf.target];
-                        *slot = Some(match slot.take() {
-                            Some(sum) => B::float_add(sum, grad),
-                            None => grad,
-                        });
-                    }
-                }
-                grads
-            })
-            .collect();
-        (per_replica, failure)
-    }
-
-    /// Replica `replica`'s backward has taken its graph and started.
-    fn start(&self, replica: usize) {
-        if self.cancelled.load(Ordering::SeqCst) {
-            panic!("the backward of replica {replica} was given up on");
-        }
-        let mut state = self.lock();
-        if state.status[replica] == Status::Queued {
-            state.status[replica] = Status::Started;
-        }
-        self.changed.notify_all();
-    }
-
-    /// Replica `replica`'s backward is over (`failure`: it panicked with this message).
-    fn report(&self, replica: usize, failure: Option<String>) {
-        if failure.is_none() && self.setup.runtime.profiling() {
-            let started = self.lock().started_at;
-            let device = &self.setup.replicas[replica].1;
-            let _ = B::sync(device);
-            if let Some(started) = started {
-                self.setup
-                    .runtime
-                    .record_backward(replica, started.elapsed());
-            }
-        }
-        let mut state = self.lock();
-        if matches!(state.status[replica], Status::Queued | Status::Started) {
-            state.status[replica] = match failure {
-                Some(message) => Status::Failed(message),
-                None => Status::Done,
-            };
-        }
-        self.changed.notify_all();
-    }
-
-    /// Adds `grad` to what leaf (or output, `output`) `index` of replica `replica` received.
-    fn store(&self, replica: usize, output: bool, index: usize, grad: FloatTensor<B>) {
-        let mut state = self.lock();
-        let replica = &mut state.replicas[replica];
-        let stored = match output {
-            true => &mut replica.outputs[index].1,
-            false => &mut replica.leaves[index].grad,
-        };
-        *stored = Some(match stored.take() {
-            Some(previous) => B::float_add(previous, grad),
-            None => grad,
-        });
-    }
-
-    /// The targets, in the form the reduction takes.
-    fn reduce_targets(&self) -> Vec<(Tracked<B>, bool, Target<B::Device>)> {
-        self.lock()
-            .targets
-            .iter()
-            .map(|target| {
-                let device = B::float_device(&target.tensor.primitive);
-                let combine = match target.part {
-                    Part::Whole => Combine::Sum,
-                    Part::Rows { dim } => Combine::Rows {
-                        dim,
-                        shapes: target
-                            .shapes
-                            .iter()
-                            .map(|shape| shape.clone().unwrap_or_else(|| [0].into()))
-                            .collect(),
-                    },
-                };
-                (
-                    target.tensor.clone(),
-                    target.linked,
-                    Target { device, combine },
-                )
-            })
-            .collect()
     }
 }
 
@@ -457,6 +284,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for 
         state.replicas[replica].leaves.push(Leaf {
             target: t,
             tensor: Some(leaf.clone()),
+            used: false,
             grad: None,
         });
         leaf

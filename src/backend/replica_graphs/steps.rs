@@ -159,13 +159,19 @@ pub(super) struct HubBackward<C>(pub(super) core::marker::PhantomData<C>);
 impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> {
     type State = Arc<Graphs<B, C>>;
 
-    /// Runs the replicas' backward, combines each target's gradients on the target's device
-    /// and registers them.
+    /// Runs the replicas' backward (reducing the buckets of gradients that are ready while it
+    /// runs), combines the rest of each target's gradients on the target's device and
+    /// registers them.
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let graphs = ops.state;
         let profiling = graphs.setup.runtime.profiling();
+        let log = Log(graphs.setup.runtime.clone());
+        let log: Option<&dyn TransferLog> = match profiling {
+            true => Some(&log),
+            false => None,
+        };
         let started = Instant::now();
-        let (per_replica, failure) = graphs.run_backward();
+        let collected = graphs.run_backward(log);
         let waited = started.elapsed();
         let started = Instant::now();
         let targets = graphs.reduce_targets();
@@ -174,12 +180,12 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> 
             true => reduce.iter().map(|t| t.device.clone()).collect(),
             false => Vec::new(),
         };
-        let log = Log(graphs.setup.runtime.clone());
-        let log: Option<&dyn TransferLog> = match profiling {
-            true => Some(&log),
-            false => None,
-        };
-        let totals = comm::reduce_add_coalesced::<B>(per_replica, &reduce, None, log);
+        let mut totals = comm::reduce_add_coalesced::<B>(collected.per_replica, &reduce, None, log);
+        for (total, reduced) in totals.iter_mut().zip(collected.reduced) {
+            if reduced.is_some() {
+                *total = reduced;
+            }
+        }
         for ((tensor, linked, _), total) in targets.into_iter().zip(totals) {
             match total {
                 Some(total) => grads.register::<B>(tensor.node.id, total),
@@ -200,7 +206,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> 
             crate::profile::synchronize::<B>(&devices);
             (graphs.setup.runtime).record_hub(waited, started.elapsed());
         }
-        if let Some((replica, message)) = failure {
+        if let Some((replica, message)) = collected.failure {
             let (slot, device) = &graphs.setup.replicas[replica];
             panic!("the backward of replica {slot} on device {device:?} failed: {message}");
         }
