@@ -35,7 +35,8 @@
 //!
 //! Environment: `STRATEGIES_REPLICAS` (default `2,4`), `STRATEGIES_STEPS="WARM,TIMED"`
 //! (default `3,10` on the CPU, `5,20` on CUDA), `STRATEGIES_BATCH` (the global batch; default
-//! the model's `train_step` batch), `STRATEGIES_ROUNDS`.
+//! the model's `train_step` batch), `STRATEGIES_ROUNDS`; `STRATEGIES_CSV` appends the rows to
+//! a CSV file that `train_step plot-speedup-global` draws.
 
 use std::time::Duration;
 
@@ -178,6 +179,7 @@ fn bench_model<B: DataParallelBackend>(
          vs bare | calling thread's CPU per step | memory in use after a forward |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut csv = String::new();
     let mut bare = None;
     for config in &configs {
         let name = config.strategy.name(config.replicas);
@@ -208,11 +210,35 @@ fn bench_model<B: DataParallelBackend>(
                         .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
                         .unwrap_or_else(|| "-".into()),
                 );
+                csv.push_str(&format!(
+                    "{backend},{model},{batch},{},{:.4},{samples:.1},{}\n",
+                    name.replace(", ", " "),
+                    ms(all),
+                    config.memory.map(|m| m.to_string()).unwrap_or_default()
+                ));
             }
             Err(why) => {
                 println!("| {backend} | {model} | {batch} | {name} | not run: {why} ||||||")
             }
         }
+    }
+    // STRATEGIES_CSV: the rows that ran, appended in the CSV layout of the other benches'
+    // charts (`train_step plot-speedup-global OUT.svg FILE.csv`).
+    if let Ok(path) = std::env::var("STRATEGIES_CSV") {
+        use std::io::Write as _;
+        let fresh = std::fs::metadata(&path)
+            .map(|m| m.len() == 0)
+            .unwrap_or(true);
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("open the CSV");
+        if fresh {
+            let header = "backend,model,batch,config,median_ms,samples_per_s,memory_bytes\n";
+            file.write_all(header.as_bytes()).expect("write the CSV");
+        }
+        file.write_all(csv.as_bytes()).expect("write the CSV");
     }
 }
 

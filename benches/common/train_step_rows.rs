@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use burn_dataparallel::StepProfile;
 
-use crate::chart::{parse_csv, svg};
+use crate::chart::{bars, parse_csv};
 
 /// One configuration's measurements.
 pub struct Row {
@@ -141,6 +141,11 @@ pub fn write_outputs(rows: &[Row]) {
             }
         }
         let per_replica = std::env::var("TRAIN_STEP_SCALE_BATCH").as_deref() == Ok("1");
-        std::fs::write(&path, svg(&records, per_replica)).expect("write the chart");
+        let title = match per_replica {
+            true => "Training samples/s, batch per replica kept (higher is better)",
+            false => "Training samples/s (higher is better)",
+        };
+        let chart = bars(&records, per_replica, title);
+        std::fs::write(&path, chart).expect("write the chart");
     }
 }
