@@ -90,7 +90,13 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
             return comm::split(self, shards.sizes(), shards.dim())
                 .into_iter()
                 .zip(shards.devices())
-                .map(|(piece, device)| comm::move_to(piece, device))
+                .map(|(piece, device)| {
+                    let piece = comm::move_to(piece, device);
+                    if let Some(tracked) = K::tracked_float(&piece) {
+                        shards.join_later(tracked);
+                    }
+                    piece
+                })
                 .collect();
         };
         // Each replica's rows start a graph of its own, with their gradient going to `self`.
@@ -286,7 +292,12 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tens
                 let copy = comm::move_to(value.clone(), device);
                 Broadcast(match shards.graphs() {
                     Some(graphs) => K::replica_leaf(copy, &tensor, graphs, replica, Part::Whole),
-                    None => copy,
+                    None => {
+                        if let Some(tracked) = K::tracked_float(&copy) {
+                            shards.join_later(tracked);
+                        }
+                        copy
+                    }
                 })
             })
             .collect()

@@ -1,8 +1,9 @@
 //! How a batch is divided among the replicas.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 
 use crate::backend::ReplicaGraphs;
 use crate::config::LossReduction;
@@ -22,6 +23,10 @@ pub struct Shards<B: Backend> {
     output_device: B::Device,
     /// The forward's per-replica autodiff graphs, when it has them.
     graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
+    /// Under the single backward with several replicas: the tracked tensors the scatter gave
+    /// the replicas, for the replicate stage to join into the parameters' graph on the
+    /// calling thread (see [`Shards::join_later`]).
+    joins: Option<Arc<Mutex<Vec<FloatTensor<B>>>>>,
     /// How the losses of burn-train's output types combine.
     loss_reduction: LossReduction,
 }
@@ -49,6 +54,7 @@ impl<B: Backend> Shards<B> {
             replicas,
             output_device,
             graphs: None,
+            joins: None,
             loss_reduction: LossReduction::Mean,
         }
     }
@@ -76,6 +82,36 @@ impl<B: Backend> Shards<B> {
     /// The forward's per-replica graphs, when it has them.
     pub(crate) fn graphs(&self) -> Option<&dyn ReplicaGraphs<B>> {
         self.graphs.as_deref()
+    }
+
+    /// These shards collecting the tracked tensors their scatter makes
+    /// ([`join_later`](Self::join_later)).
+    pub(crate) fn with_joins(self) -> Self {
+        Self {
+            joins: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    /// Keeps a tracked tensor the scatter gave a replica (a shard of a tracked input, a
+    /// broadcast copy), for the replicate stage to join into the parameters' autodiff graph
+    /// on the calling thread. Under the single backward, the replicas' forwards build one
+    /// graph from their threads; without this, their first operations would merge the
+    /// input's graph with the parameters' from several threads at once, which Burn 0.21's
+    /// graph locator can get wrong (a wrong gradient, once in hundreds of steps, with other
+    /// autodiff threads running: `tests/backends/races.rs`).
+    pub(crate) fn join_later(&self, tensor: FloatTensor<B>) {
+        if let Some(joins) = &self.joins {
+            joins.lock().unwrap_or_else(|e| e.into_inner()).push(tensor);
+        }
+    }
+
+    /// The tensors kept by [`join_later`](Self::join_later), taken.
+    pub(crate) fn take_joins(&self) -> Vec<FloatTensor<B>> {
+        match &self.joins {
+            Some(joins) => std::mem::take(&mut *joins.lock().unwrap_or_else(|e| e.into_inner())),
+            None => Vec::new(),
+        }
     }
 
     /// Number of shards (replicas taking part).

@@ -117,6 +117,11 @@ impl<B: ConcatBackend> Step<B> {
             }
             _ => None,
         };
+        // The single backward with several replicas builds one graph from their threads.
+        let shards = match (&graphs, &workers) {
+            (None, Some(_)) if shards.len() > 1 => shards.with_joins(),
+            _ => shards,
+        };
         Ok(Self {
             shards: shards.with_graphs(graphs.clone()),
             distinct,
@@ -202,6 +207,7 @@ impl<B: ConcatBackend> Step<B> {
             own_states,
             settings.states_per_replica,
             links,
+            self.shards.take_joins(),
         );
         if states.shared_elsewhere && !B::orders_receives() {
             return Err(DataParallelError::SharedRunningStates {

@@ -2,6 +2,7 @@
 //! and the functions scatter, gather and the transfers call.
 
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{BasicOps, Bool, Float, Int, Tensor, TensorPrimitive};
 
 use super::{ConcatBackend, Part, ReplicaGraphs};
@@ -26,6 +27,14 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
         tensor: Tensor<B, D, Self>,
         device: &B::Device,
     ) -> Tensor<B, D, Self>;
+
+    /// The tensor's float primitive when it is part of an autodiff graph; `None` for kinds
+    /// without gradients.
+    #[doc(hidden)]
+    fn tracked_float<const D: usize>(tensor: &Tensor<B, D, Self>) -> Option<FloatTensor<B>> {
+        let _ = tensor;
+        None
+    }
 
     /// The tensor's values without its autodiff graph (float tensors); the tensor itself for
     /// kinds without gradients.
@@ -74,6 +83,13 @@ fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
 }
 
 impl<B: ConcatBackend> ConcatKind<B> for Float {
+    fn tracked_float<const D: usize>(tensor: &Tensor<B, D>) -> Option<FloatTensor<B>> {
+        match tensor.clone().into_primitive() {
+            TensorPrimitive::Float(float) if B::float_is_tracked(&float) => Some(float),
+            _ => None,
+        }
+    }
+
     fn detach<const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {
         tensor.detach()
     }

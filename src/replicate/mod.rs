@@ -96,9 +96,10 @@ pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
     own_states: Option<OwnStates<M>>,
     per_replica: bool,
     links: Links<'_, B>,
+    inputs: Vec<FloatTensor<B>>,
 ) -> (Vec<M>, RunningStates<B, M>) {
     let module = match (links, devices.len()) {
-        (Links::Shared, 2..) => anchored(module),
+        (Links::Shared, 2..) => anchored(module, inputs),
         _ => module.clone(),
     };
     let mut states = RunningStates::plan(&module, devices, own_states, per_replica);
@@ -166,12 +167,14 @@ fn copies<B: ConcatBackend, M: Module<B>>(
 ///
 /// Every trainable parameter gets a graph node on the calling thread (a free reshape to its
 /// own shape), and all these nodes are joined by one graph node that has all of them as
-/// parents (no kernel runs): the replicas' forwards then only add nodes to that one graph and
-/// never merge two graphs, which Burn 0.21's graph locator can get wrong when threads race
-/// (a node registered by one thread lost while another merges its graph).
-fn anchored<B: ConcatBackend, M: Module<B>>(module: &M) -> M {
+/// parents (no kernel runs), together with `inputs`, the tracked tensors the scatter gave the
+/// replicas: the replicas' forwards then only add nodes to that one graph and never merge two
+/// graphs, which Burn 0.21's graph locator can get wrong when threads race (a node registered
+/// by one thread lost while another merges its graph).
+fn anchored<B: ConcatBackend, M: Module<B>>(module: &M, inputs: Vec<FloatTensor<B>>) -> M {
     let mut anchor = Anchor { nodes: Vec::new() };
     let module = module.clone().map(&mut anchor);
+    anchor.nodes.extend(inputs);
     if anchor.nodes.len() >= 2 {
         B::float_join_graphs(anchor.nodes);
     }
@@ -327,6 +330,7 @@ mod independent_tests {
             None,
             false,
             Links::Independent,
+            Vec::new(),
         );
         let ids: Vec<_> = replicas
             .iter()

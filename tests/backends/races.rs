@@ -3,14 +3,15 @@
 //! loses a gradient (seen with `Tensor::cat` over leaves reused every step). The replicas'
 //! backwards run on several threads at once, over the same parameters every step; this
 //! repeats them many times while other threads run such autodiff loops beside them and
-//! checks every gradient of every round.
+//! checks every gradient of every round, with the parallel backward and with the single one
+//! (the replicas' forwards building one graph from their threads).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::common::*;
 use burn::tensor::Tensor;
-use burn_dataparallel::{DataParallel, DataParallelBackend};
+use burn_dataparallel::{DataParallelBackend, DataParallelConfig};
 
 /// The loop that loses gradients on Burn 0.21 (the reproduction of tracel-ai/burn#5573): a
 /// leaf goes through a throwaway backward (which drops its graph's entry), then through
@@ -39,9 +40,19 @@ fn sweeper_loop<B: DataParallelBackend>(stop: Arc<AtomicBool>) {
     }
 }
 
-fn replica_backwards_keep_every_gradient<B: DataParallelBackend>(replicas: usize, rounds: usize) {
+/// `parallel`: the replicas' backwards on their workers (per-replica graphs); otherwise the
+/// single backward on the calling thread, one graph that the replicas' forwards build from
+/// their threads (what `Fusion` always runs).
+fn replica_backwards_keep_every_gradient<B: DataParallelBackend>(
+    replicas: usize,
+    rounds: usize,
+    parallel: bool,
+) {
     let device = Default::default();
-    let dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(replicas)).unwrap();
+    let dp = DataParallelConfig::new()
+        .with_parallel_backward(parallel)
+        .init(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(replicas))
+        .unwrap();
     let bare = dp.module().clone();
     // Reused leaves, every round: the parameters and a tracked input.
     let x = random::<B, 2>([2 * replicas + 1, 8], &device).require_grad();
@@ -92,6 +103,8 @@ fn replica_backwards_keep_every_gradient<B: DataParallelBackend>(replicas: usize
 }
 
 backend_tests! {
-    replica_backwards_keep_every_gradient_two => replica_backwards_keep_every_gradient(2, 1500);
-    replica_backwards_keep_every_gradient_four => replica_backwards_keep_every_gradient(4, 750);
+    replica_backwards_keep_every_gradient_two => replica_backwards_keep_every_gradient(2, 1500, true);
+    replica_backwards_keep_every_gradient_four => replica_backwards_keep_every_gradient(4, 750, true);
+    single_backward_keeps_every_gradient_two => replica_backwards_keep_every_gradient(2, 1500, false);
+    single_backward_keeps_every_gradient_four => replica_backwards_keep_every_gradient(4, 750, false);
 }
