@@ -36,7 +36,8 @@
 //! CUDA); `TRAIN_STEP_BATCHES` (e.g. `64,256`) keeps only those of the models' batch sizes;
 //! `TRAIN_STEP_REPLICAS` (default `0,1,2,4`; 0 is the bare model) picks the configurations;
 //! `TRAIN_STEP_SERIAL_BACKWARD=1` runs every replica's backward on the calling thread;
-//! `TRAIN_STEP_OVERLAP=0` reduces the gradients after the replicas' backward, not beside it;
+//! `TRAIN_STEP_OVERLAP=1` reduces the gradients beside the replicas' backward
+//! (`DataParallelConfig::overlap_reduce`), `0` after it (the default);
 //! `TRAIN_STEP_CSV` writes the results as CSV after every configuration; `TRAIN_STEP_SVG` writes
 //! a chart of samples/s, adding rows of the same CSV layout from `TORCH_CSV`
 //! (`benches/torch_models.py`). The device is synchronised at the end of every timed step.

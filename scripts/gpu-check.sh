@@ -261,12 +261,19 @@ run() {
             TRAIN_STEP_SVG="$logs/scaling.svg" TORCH_CSV="$logs/torch_scaling.csv" \
             TRAIN_STEP_REPLICAS="${TRAIN_STEP_REPLICAS:-$gpus,0,1,4}" \
             step bench-scaling "$bench_limit" ./train_step ${MODELS_ARGS:-fusion}
+        # Speed-up against the GPU count per strategy, ours and PyTorch's, from this call.
+        step chart-scaling 30 ./train_step plot-speedup "$logs/speedup.svg" \
+            "$logs/scaling.csv" "$logs/torch_scaling.csv"
     fi
     if [ "$what" = strategies ] || [ "$what" = models ]; then
         # DataParallel (own loop and Learner) against burn-train's MultiDevice, one model and
         # global batch at a time (STRATEGIES_ARGS: models; STRATEGIES_* as in the bench).
         # shellcheck disable=SC2086 # STRATEGIES_ARGS is a list of names
-        step bench-strategies "$bench_limit" ./strategies ${STRATEGIES_ARGS:-}
+        STRATEGIES_CSV="$logs/strategies.csv" \
+            step bench-strategies "$bench_limit" ./strategies ${STRATEGIES_ARGS:-}
+        # Speed-up over the bare Learner per strategy, from that run's rows.
+        [ ! -f "$logs/strategies.csv" ] || step chart-strategies 30 ./train_step \
+            plot-speedup-global "$logs/strategies.svg" "$logs/strategies.csv"
     fi
     if [ "$what" = overlap ]; then
         # The overlapped gradient reduce against the reduce after the replicas' backward, in

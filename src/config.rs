@@ -82,7 +82,11 @@ pub struct DataParallelConfig {
     /// replica's backward. The sums are the same, bit for bit; buckets run from the last
     /// parameter back, the order a backward reaches them. Each bucket's start and end are in
     /// [`StepProfile::reduce_buckets`](crate::StepProfile::reduce_buckets).
-    #[config(default = true)]
+    ///
+    /// Off by default: with replicas sharing one H200 it made ResNet-18's four-replica step
+    /// 10 % slower (two replicas: within the spread), and it has not been measured on several
+    /// GPUs yet (`benches/RESULTS.md`, 2026-12-01, eleventh session).
+    #[config(default = false)]
     pub overlap_reduce: bool,
     /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
     /// `Learner` (see [`LossReduction`]); the hand-written loop's backward is the gathered

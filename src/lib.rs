@@ -34,10 +34,9 @@
 //!   ([`DataParallelConfig::parallel_backward`], on by default; see *The parallel backward*
 //!   below): each replica's forward starts from leaves of its own, its outputs enter the
 //!   caller's graph as stand-ins, and the caller's `backward` runs the replicas' backwards
-//!   and sums their gradients into the parameters (and tracked inputs): in buckets of at
-//!   most `bucket_size` bytes while the replicas' backwards still run
-//!   ([`DataParallelConfig::overlap_reduce`], on by default), the rest after them in one
-//!   transfer per device and dtype.
+//!   and sums their gradients into the parameters (and tracked inputs) in one transfer per
+//!   device and dtype, or, with [`DataParallelConfig::overlap_reduce`], in buckets of at
+//!   most `bucket_size` bytes while the replicas' backwards still run.
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.

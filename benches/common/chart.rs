@@ -181,8 +181,9 @@ pub fn bars(records: &[Record], per_replica: bool, title: &str) -> String {
 /// Speed-up against the replica (or GPU) count: one panel per model and batch per replica,
 /// one line per backend and strategy, each point its samples/s over the bare model's of the
 /// same backend, model and batch per replica (rows of a run whose batch grows with the
-/// replicas); a grey line marks linear scaling. With `per_replica` false the batch is
-/// the global one and the bare model's is that batch's (replicas sharing a device).
+/// replicas, one per GPU); a grey line marks linear scaling. With `per_replica` false the
+/// batch is the global one and the bare model's is that batch's (replicas sharing a device,
+/// where the line to beat is the other strategies', not linear scaling).
 pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
     let backend = |config: &str| config.split_once(": ").map(|(b, _)| b.to_string());
     let group_batch = |config: &str, batch: usize| match per_replica {
@@ -254,8 +255,9 @@ pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
                     lines.push((s, points));
                 }
             }
-            let top = (lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)))
-                .fold(max_count as f64, f64::max);
+            // Linear scaling is the reference for distinct devices only.
+            let floor = if per_replica { max_count as f64 } else { 1.0 };
+            let top = (lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1))).fold(floor, f64::max);
             let mut chart = ChartBuilder::on(panel)
                 .caption(
                     format!(
@@ -274,15 +276,20 @@ pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
                 .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
                 .x_labels(max_count + 1)
                 .x_label_formatter(&|v| format!("{v:.0}"))
-                .x_desc("replicas (GPUs)")
+                .x_desc(match per_replica {
+                    true => "replicas, one per GPU",
+                    false => "replicas sharing one device",
+                })
                 .y_desc("speed-up over the bare model")
                 .y_label_formatter(&|v| format!("{v:.1}x"))
                 .draw()
                 .expect("mesh");
-            let linear = [(1.0, 1.0), (max_count as f64, max_count as f64)];
-            chart
-                .draw_series(LineSeries::new(linear, GREY))
-                .expect("line");
+            if per_replica {
+                let linear = [(1.0, 1.0), (max_count as f64, max_count as f64)];
+                chart
+                    .draw_series(LineSeries::new(linear, GREY))
+                    .expect("line");
+            }
             for (s, points) in lines {
                 let style = color(s).stroke_width(2);
                 chart
@@ -296,7 +303,9 @@ pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
         let mut entries: Vec<(String, RGBColor)> = (series.iter().enumerate())
             .map(|(s, name)| (name.clone(), color(s)))
             .collect();
-        entries.push(("linear scaling".into(), GREY));
+        if per_replica {
+            entries.push(("linear scaling".into(), GREY));
+        }
         legend(&below, &entries, true);
         root.present().expect("present");
     }

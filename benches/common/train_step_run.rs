@@ -68,8 +68,8 @@ pub fn run<B: DataParallelBackend>(
     let mut dp = (replicas > 0).then(|| {
         // TRAIN_STEP_SERIAL_BACKWARD=1: every replica's backward on the calling thread.
         let serial = std::env::var("TRAIN_STEP_SERIAL_BACKWARD").as_deref() == Ok("1");
-        // TRAIN_STEP_OVERLAP=0: the gradient reduce after the replicas' backward, not beside it.
-        let overlap = std::env::var("TRAIN_STEP_OVERLAP").as_deref() != Ok("0");
+        // TRAIN_STEP_OVERLAP=1: the gradient reduce beside the replicas' backward.
+        let overlap = std::env::var("TRAIN_STEP_OVERLAP").as_deref() == Ok("1");
         DataParallelConfig::new()
             .with_parallel_backward(!serial)
             .with_overlap_reduce(overlap)
