@@ -10,17 +10,15 @@
 
 use std::marker::PhantomData;
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
 use burn::train::{
     ClassificationOutput, InferenceStep, MultiLabelClassificationOutput, RegressionOutput,
     SequenceOutput, TrainOutput, TrainStep,
 };
 
-use crate::backend::comm::{self, Combine, Target};
 use crate::backend::{ConcatBackend, DataParallelBackend};
 use crate::config::LossReduction;
 use crate::config::Settings;
@@ -34,6 +32,8 @@ use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
 use crate::step::{self, Step};
+
+mod combine;
 
 impl<B, M> TrainStep for DataParallel<B, M>
 where
@@ -134,11 +134,8 @@ where
         step.replica(shard, || {
             let mut output = TrainStep::step(replica, input);
             // On the replica's worker: the gradients laid out contiguously, for the combine
-            // on the calling thread (see `Contiguous`).
-            replica.visit(&mut Contiguous::<B> {
-                grads: &mut output.grads,
-                _backend: PhantomData,
-            });
+            // on the calling thread.
+            combine::make_contiguous::<B, M>(replica, &mut output.grads);
             Ok(output)
         })
     });
@@ -151,137 +148,14 @@ where
         .map(|output| (output.grads, output.item))
         .unzip();
     let weights = match dp.settings.loss_reduction {
-        LossReduction::Mean => Some(share(&step.shards)),
+        LossReduction::Mean => Some(combine::share(&step.shards)),
         LossReduction::Sum => None,
     };
     let grads = step.stage(Stage::Gather, || {
-        combine::<B, M>(&dp.module, grads, weights.as_deref())
+        combine::combine::<B, M>(&dp.module, grads, weights.as_deref())
     });
     let item = step.stage(Stage::Gather, || M::Output::gather(items, &step.shards))?;
     Ok(TrainOutput { grads, item })
-}
-
-/// Each shard's share of the batch.
-fn share<B: ConcatBackend>(shards: &Shards<B>) -> Vec<f64> {
-    let total = shards.batch_size() as f64;
-    shards.sizes().iter().map(|&n| n as f64 / total).collect()
-}
-
-/// The replicas' gradients of `module`'s parameters, combined on the parameters' devices:
-/// replica `r`'s scaled by `weights[r]` when given, then summed.
-fn combine<B: AutodiffBackend, M: Module<B>>(
-    module: &M,
-    mut replicas: Vec<GradientsParams>,
-    weights: Option<&[f64]>,
-) -> GradientsParams
-where
-    B::InnerBackend: ConcatBackend,
-{
-    let mut take = Take::<B> {
-        replicas: &mut replicas,
-        grads: Vec::new(),
-        targets: Vec::new(),
-    };
-    module.visit(&mut take);
-    let Take { grads, targets, .. } = take;
-    let per_replica = (0..replicas.len())
-        .map(|r| grads.iter().map(|param| param[r].clone()).collect())
-        .collect();
-    let log = comm::current_log();
-    let totals = comm::reduce_add_coalesced::<B::InnerBackend>(
-        per_replica,
-        &targets,
-        weights,
-        log.as_deref(),
-    );
-    let mut put = Put::<B, _> {
-        totals: totals.into_iter(),
-        grads: GradientsParams::new(),
-        _backend: PhantomData,
-    };
-    module.visit(&mut put);
-    put.grads
-}
-
-/// Takes every replica's gradient of each trainable parameter, in visiting order.
-struct Take<'a, B: AutodiffBackend> {
-    replicas: &'a mut [GradientsParams],
-    /// Per parameter, each replica's gradient.
-    grads: Vec<Vec<Option<FloatTensor<B::InnerBackend>>>>,
-    targets: Vec<Target<B::Device>>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        if !tensor.is_require_grad() {
-            return;
-        }
-        let grads = self
-            .replicas
-            .iter_mut()
-            .map(|replica| {
-                replica
-                    .remove::<B::InnerBackend, D>(param.id)
-                    .and_then(|grad| match grad.into_primitive() {
-                        TensorPrimitive::Float(grad) => Some(grad),
-                        TensorPrimitive::QFloat(_) => None,
-                    })
-            })
-            .collect();
-        self.grads.push(grads);
-        self.targets.push(Target {
-            device: tensor.device(),
-            combine: Combine::Sum,
-        });
-    }
-}
-
-/// Lays every gradient of a replica's parameters out contiguously for the combine, on the
-/// replica's worker ([`comm::contiguous`]).
-struct Contiguous<'a, B: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    _backend: PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for Contiguous<'_, B>
-where
-    B::InnerBackend: ConcatBackend,
-{
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
-            return;
-        };
-        let grad = match grad.into_primitive() {
-            TensorPrimitive::Float(grad) => {
-                TensorPrimitive::Float(comm::contiguous::<B::InnerBackend>(grad))
-            }
-            quantized => quantized,
-        };
-        (self.grads).register::<B::InnerBackend, D>(param.id, Tensor::from_primitive(grad));
-    }
-}
-
-/// Registers the combined gradients, in the visiting order of [`Take`].
-struct Put<B: AutodiffBackend, I> {
-    totals: I,
-    grads: GradientsParams,
-    _backend: PhantomData<B>,
-}
-
-impl<B: AutodiffBackend, I> ModuleVisitor<B> for Put<B, I>
-where
-    I: Iterator<Item = Option<FloatTensor<B::InnerBackend>>>,
-{
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if !param.val().is_require_grad() {
-            return;
-        }
-        if let Some(Some(total)) = self.totals.next() {
-            let total = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(total));
-            self.grads.register::<B::InnerBackend, D>(param.id, total);
-        }
-    }
 }
 
 /// The Learner's optimizer, seen by the model's own `optimize` as an optimizer of the bare
