@@ -6,10 +6,12 @@
 //! cargo bench --bench concat                     # CPU smoke run (small shapes)
 //! ```
 //!
-//! Each measurement is the median of 7 samples; a sample runs the operation 10 times and
-//! synchronises the device once, and counts the bytes read and written (twice the output).
-//! The small case also reports one operation followed by a synchronisation (latency as the
-//! host sees it).
+//! Measured with criterion (warm-up, samples and their statistics, throughput in bytes read
+//! and written, twice the output): a sample runs the operation criterion's number of times
+//! from a synchronised device and synchronises once at the end; the small case also runs
+//! one operation then a synchronisation (the latency the host sees). The device-timed small
+//! case (CubeCL's profiler, CUDA only) prints its own line. Criterion's options follow
+//! `--`, e.g. `cargo bench --bench concat -- 'ours: concat'` to filter.
 
 use std::time::{Duration, Instant};
 
@@ -17,11 +19,13 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Tensor, TensorData};
 use burn_dataparallel::ConcatBackend;
 use burn_dataparallel::backend::{concat, split};
+use criterion::{Criterion, Throughput};
 
-// The median; the lists from the environment go unused here.
+// The median (of the device-timed case); the lists from the environment go unused here.
 #[allow(dead_code)]
 #[path = "common/measure.rs"]
 mod measure;
+#[cfg(feature = "cuda")]
 use measure::median;
 
 struct Case {
@@ -31,26 +35,27 @@ struct Case {
     dtype: FloatDType,
 }
 
-/// Median time of one `op`, from samples of `repeat` ops and one synchronisation.
-fn time<B: Backend>(device: &B::Device, repeat: usize, mut op: impl FnMut()) -> Duration {
-    for _ in 0..3 {
+/// The time of `iters` runs of `op` from a synchronised device to the device having run
+/// them all (`per_op`: synchronising after every run, the latency the host sees).
+fn timed<B: Backend>(
+    device: &B::Device,
+    iters: u64,
+    per_op: bool,
+    op: &mut impl FnMut(),
+) -> Duration {
+    B::sync(device).expect("sync");
+    let start = Instant::now();
+    for _ in 0..iters {
         op();
+        if per_op {
+            B::sync(device).expect("sync");
+        }
     }
     B::sync(device).expect("sync");
-    let samples = (0..7)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..repeat {
-                op();
-            }
-            B::sync(device).expect("sync");
-            start.elapsed() / repeat as u32
-        })
-        .collect();
-    median(samples)
+    start.elapsed()
 }
 
-fn bench<B: ConcatBackend>(backend: &str, cases: &[Case]) {
+fn bench<B: ConcatBackend>(c: &mut Criterion, backend: &str, cases: &[Case]) {
     let device = B::Device::default();
     for case in cases {
         if !B::supports_dtype(&device, case.dtype.into()) {
@@ -65,48 +70,56 @@ fn bench<B: ConcatBackend>(backend: &str, cases: &[Case]) {
             })
             .collect();
         let whole = Tensor::cat(parts.clone(), 0);
-        let bytes = 2.0 * whole.shape().num_elements() as f64 * whole.dtype().size() as f64;
-        let report = |method: &str, t: Duration| {
-            println!(
-                "| {backend} | {} | {method} | {:.3} ms | {:.2} TB/s |",
-                case.name,
-                t.as_secs_f64() * 1e3,
-                bytes / t.as_secs_f64() / 1e12
-            );
+        let bytes = 2 * whole.shape().num_elements() as u64 * whole.dtype().size() as u64;
+        let mut group = c.benchmark_group(format!("{backend} {}", case.name));
+        // Bytes read and written: twice the output.
+        group.throughput(Throughput::Bytes(bytes));
+        let mut run = |method: &str, per_op: bool, mut op: Box<dyn FnMut() + '_>| {
+            group.bench_function(method, |b| {
+                b.iter_custom(|iters| timed::<B>(&device, iters, per_op, &mut op))
+            });
         };
-        report(
+        run(
             "ours: concat",
-            time::<B>(&device, 10, || drop(concat(parts.clone(), 0))),
+            false,
+            Box::new(|| drop(concat(parts.clone(), 0))),
         );
-        report(
+        run(
             "Burn: Tensor::cat",
-            time::<B>(&device, 10, || drop(Tensor::cat(parts.clone(), 0))),
+            false,
+            Box::new(|| drop(Tensor::cat(parts.clone(), 0))),
         );
-        report(
+        run(
             "copy ceiling (x + 0)",
-            time::<B>(&device, 10, || drop(whole.clone().add_scalar(0.0))),
+            false,
+            Box::new(|| drop(whole.clone().add_scalar(0.0))),
         );
         let sizes = vec![rows; case.parts];
-        report(
+        run(
             "ours: split, dim 0 (views)",
-            time::<B>(&device, 10, || drop(split(whole.clone(), &sizes, 0))),
+            false,
+            Box::new(|| drop(split(whole.clone(), &sizes, 0))),
         );
         let columns = Tensor::cat(parts.clone(), 1);
         let widths = vec![cols; case.parts];
-        report(
+        run(
             "ours: split, dim 1 (contiguous pieces)",
-            time::<B>(&device, 10, || drop(split(columns.clone(), &widths, 1))),
+            false,
+            Box::new(|| drop(split(columns.clone(), &widths, 1))),
         );
         if rows * cols * case.parts <= 1 << 20 {
-            report(
+            run(
                 "ours: concat, 1 op + sync",
-                time::<B>(&device, 1, || drop(concat(parts.clone(), 0))),
+                true,
+                Box::new(|| drop(concat(parts.clone(), 0))),
             );
-            report(
+            run(
                 "Burn: Tensor::cat, 1 op + sync",
-                time::<B>(&device, 1, || drop(Tensor::cat(parts.clone(), 0))),
+                true,
+                Box::new(|| drop(Tensor::cat(parts.clone(), 0))),
             );
         }
+        group.finish();
     }
 }
 
@@ -153,8 +166,12 @@ fn op_send<T>(op: &(dyn Fn(Vec<T>) -> T + Sync), inputs: Vec<T>) -> T {
 }
 
 fn main() {
-    println!("| backend | case | method | time | bandwidth (read + write) |");
-    println!("|---|---|---|---|---|");
+    // Short samples: 7 methods x 4 cases x 2 backends on CUDA within a call's time limit.
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .configure_from_args();
     #[cfg(feature = "cuda")]
     {
         let cases = [
@@ -184,8 +201,8 @@ fn main() {
             },
         ];
         type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-        bench::<Cube>("CubeBackend<Cuda>", &cases);
-        bench::<burn::backend::Cuda>("Cuda (Fusion)", &cases);
+        bench::<Cube>(&mut c, "CubeBackend<Cuda>", &cases);
+        bench::<burn::backend::Cuda>(&mut c, "Cuda (Fusion)", &cases);
         device_timed_small();
     }
     #[cfg(not(feature = "cuda"))]
@@ -204,7 +221,8 @@ fn main() {
                 dtype: FloatDType::F32,
             },
         ];
-        bench::<burn::backend::Flex>("Flex (CPU)", &cases);
-        bench::<burn::backend::Wgpu>("Wgpu (lavapipe, fusion)", &cases);
+        bench::<burn::backend::Flex>(&mut c, "Flex (CPU)", &cases);
+        bench::<burn::backend::Wgpu>(&mut c, "Wgpu (lavapipe, fusion)", &cases);
     }
+    c.final_summary();
 }
