@@ -79,7 +79,7 @@ fn human(value: f64) -> String {
 
 /// Draws a legend, one swatch (a square, or a line with `lines`) and name per entry, on
 /// `area`.
-fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, entries: &[(String, RGBColor)], lines: bool) {
+fn legend(area: &Area<'_>, entries: &[(String, RGBColor)], lines: bool) {
     let style = TextStyle::from(("sans-serif", 13).into_font());
     for (i, (name, color)) in entries.iter().enumerate() {
         let y = 6 + 18 * i as i32;
@@ -92,32 +92,70 @@ fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, entries: &[(String, RGBColo
     }
 }
 
-/// A grouped bar chart of samples/s: one panel per model and batch size, each with its own
-/// value axis, one bar per configuration (one colour per configuration across panels). With
-/// `per_replica`, rows are grouped by their batch per replica (the scaling runs, whose batch
-/// grows with the replicas). `title` heads the chart.
-pub fn bars(records: &[Record], per_replica: bool, title: &str) -> String {
-    let group_batch = |config: &str, batch: usize| match per_replica {
-        true => batch / replica_count(config),
-        false => batch,
-    };
-    let mut groups: Vec<(String, usize)> = Vec::new();
-    let mut configs: Vec<String> = Vec::new();
-    for (model, config, batch, _) in records {
-        let key = (model.clone(), group_batch(config, *batch));
-        if !groups.contains(&key) {
-            groups.push(key);
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// The panels of a chart: one per model and batch (the batch per replica with
+/// `per_replica`: the scaling runs, whose batch grows with the replicas), sorted.
+struct Panels<'r> {
+    records: &'r [Record],
+    per_replica: bool,
+    groups: Vec<(String, usize)>,
+}
+
+impl<'r> Panels<'r> {
+    fn new(records: &'r [Record], per_replica: bool) -> Self {
+        let mut panels = Self {
+            records,
+            per_replica,
+            groups: Vec::new(),
+        };
+        for record in records {
+            let key = (record.0.clone(), panels.batch(record));
+            if !panels.groups.contains(&key) {
+                panels.groups.push(key);
+            }
         }
-        if !configs.contains(config) {
-            configs.push(config.clone());
+        panels.groups.sort();
+        panels
+    }
+
+    /// A row's batch as the panels group it.
+    fn batch(&self, record: &Record) -> usize {
+        match self.per_replica {
+            true => record.2 / replica_count(&record.1),
+            false => record.2,
         }
     }
-    groups.sort();
-    let panel_w = (70 + 34 * configs.len()) as u32;
-    let legend_h = (14 + 18 * configs.len()) as u32;
-    let (width, plot_h) = ((panel_w * groups.len() as u32).max(500), 320u32);
-    let height = 40 + plot_h + legend_h;
-    let suffix = if per_replica { " per replica" } else { "" };
+
+    /// The rows of panel `g`, in their order.
+    fn rows(&self, g: usize) -> Vec<&'r Record> {
+        let (model, batch) = &self.groups[g];
+        (self.records.iter())
+            .filter(|r| &r.0 == model && self.batch(r) == *batch)
+            .collect()
+    }
+
+    /// Panel `g`'s caption.
+    fn caption(&self, g: usize) -> String {
+        let (model, batch) = &self.groups[g];
+        let suffix = if self.per_replica { " per replica" } else { "" };
+        format!("{model}, batch {batch}{suffix}")
+    }
+}
+
+/// An SVG chart: `title`, one panel of `panel_w` by 320 pixels per group of `panels` (drawn
+/// by `panel`), and the legend of `entries` below (swatches as lines with `lines`).
+fn canvas(
+    title: &str,
+    panels: &Panels<'_>,
+    panel_w: u32,
+    entries: &[(String, RGBColor)],
+    lines: bool,
+    mut panel: impl FnMut(&Area<'_>, usize),
+) -> String {
+    let plot_h = 320u32;
+    let width = (panel_w * panels.groups.len() as u32).max(500);
+    let height = 40 + plot_h + (14 + 18 * entries.len()) as u32;
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (width, height)).into_drawing_area();
@@ -130,52 +168,64 @@ pub fn bars(records: &[Record], per_replica: bool, title: &str) -> String {
         )
         .expect("draw");
         let (plots, below) = rest.split_vertically(plot_h);
-        let panels = plots.split_evenly((1, groups.len().max(1)));
-        for (panel, (model, batch)) in panels.iter().zip(&groups) {
-            let in_group: Vec<&Record> = records
-                .iter()
-                .filter(|r| &r.0 == model && group_batch(&r.1, r.2) == *batch)
-                .collect();
-            let max = in_group.iter().map(|r| r.3).fold(1e-9, f64::max);
-            let mut chart = ChartBuilder::on(panel)
-                .caption(
-                    format!("{model}, batch {batch}{suffix}"),
-                    ("sans-serif", 14),
-                )
-                .margin(6)
-                .y_label_area_size(52)
-                .x_label_area_size(6)
-                .build_cartesian_2d(0f64..in_group.len() as f64, 0f64..max * 1.15)
-                .expect("chart");
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
-                .x_labels(0)
-                .y_labels(6)
-                .y_desc("samples/s")
-                .y_label_formatter(&|v| human(*v))
-                .draw()
-                .expect("mesh");
-            for (i, r) in in_group.iter().enumerate() {
-                let c = configs.iter().position(|c| *c == r.1).unwrap_or(0);
-                let x = i as f64;
-                let bar = Rectangle::new([(x + 0.12, 0.0), (x + 0.88, r.3)], color(c).filled());
-                let label = TextStyle::from(("sans-serif", 10).into_font())
-                    .pos(Pos::new(HPos::Center, VPos::Bottom));
-                chart.draw_series([bar]).expect("bar");
-                chart
-                    .draw_series([Text::new(human(r.3), (x + 0.5, r.3 * 1.01), label)])
-                    .expect("label");
-            }
+        let areas = plots.split_evenly((1, panels.groups.len().max(1)));
+        for (g, area) in areas.iter().enumerate().take(panels.groups.len()) {
+            panel(area, g);
         }
-        let entries: Vec<(String, RGBColor)> = (configs.iter().enumerate())
-            .map(|(c, name)| (name.clone(), color(c)))
-            .collect();
-        legend(&below, &entries, false);
+        legend(&below, entries, lines);
         root.present().expect("present");
     }
     out
+}
+
+/// A grouped bar chart of samples/s: one panel per model and batch size, each with its own
+/// value axis, one bar per configuration (one colour per configuration across panels). With
+/// `per_replica`, rows are grouped by their batch per replica (the scaling runs, whose batch
+/// grows with the replicas). `title` heads the chart.
+pub fn bars(records: &[Record], per_replica: bool, title: &str) -> String {
+    let panels = Panels::new(records, per_replica);
+    let mut configs: Vec<String> = Vec::new();
+    for (_, config, _, _) in records {
+        if !configs.contains(config) {
+            configs.push(config.clone());
+        }
+    }
+    let entries: Vec<(String, RGBColor)> = (configs.iter().enumerate())
+        .map(|(c, name)| (name.clone(), color(c)))
+        .collect();
+    let panel_w = (70 + 34 * configs.len()) as u32;
+    canvas(title, &panels, panel_w, &entries, false, |area, g| {
+        let in_group = panels.rows(g);
+        let max = in_group.iter().map(|r| r.3).fold(1e-9, f64::max);
+        let mut chart = ChartBuilder::on(area)
+            .caption(panels.caption(g), ("sans-serif", 14))
+            .margin(6)
+            .y_label_area_size(52)
+            .x_label_area_size(6)
+            .build_cartesian_2d(0f64..in_group.len() as f64, 0f64..max * 1.15)
+            .expect("chart");
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
+            .x_labels(0)
+            .y_labels(6)
+            .y_desc("samples/s")
+            .y_label_formatter(&|v| human(*v))
+            .draw()
+            .expect("mesh");
+        for (i, r) in in_group.iter().enumerate() {
+            let c = configs.iter().position(|c| *c == r.1).unwrap_or(0);
+            let x = i as f64;
+            let bar = Rectangle::new([(x + 0.12, 0.0), (x + 0.88, r.3)], color(c).filled());
+            let label = TextStyle::from(("sans-serif", 10).into_font())
+                .pos(Pos::new(HPos::Center, VPos::Bottom));
+            chart.draw_series([bar]).expect("bar");
+            chart
+                .draw_series([Text::new(human(r.3), (x + 0.5, r.3 * 1.01), label)])
+                .expect("label");
+        }
+    })
 }
 
 /// Speed-up against the replica (or GPU) count: one panel per model and batch per replica,
@@ -186,130 +236,91 @@ pub fn bars(records: &[Record], per_replica: bool, title: &str) -> String {
 /// where the line to beat is the other strategies', not linear scaling).
 pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
     let backend = |config: &str| config.split_once(": ").map(|(b, _)| b.to_string());
-    let group_batch = |config: &str, batch: usize| match per_replica {
-        true => batch / replica_count(config),
-        false => batch,
-    };
-    let mut groups: Vec<(String, usize)> = Vec::new();
+    let panels = Panels::new(records, per_replica);
     let mut series: Vec<String> = Vec::new();
-    for (model, config, batch, _) in records {
-        let key = (model.clone(), group_batch(config, *batch));
-        if !groups.contains(&key) {
-            groups.push(key);
-        }
+    for (_, config, _, _) in records {
         if let Some(name) = strategy(config)
             && !series.contains(&name)
         {
             series.push(name);
         }
     }
-    groups.sort();
     let max_count = records
         .iter()
         .map(|r| replica_count(&r.1))
         .max()
         .unwrap_or(1)
         .max(2);
-    let (panel_w, plot_h) = (360u32, 320u32);
-    let legend_h = (14 + 18 * (series.len() + 1)) as u32;
-    let width = (panel_w * groups.len() as u32).max(500);
-    let height = 40 + plot_h + legend_h;
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, (width, height)).into_drawing_area();
-        root.fill(&WHITE).expect("fill");
-        let (head, rest) = root.split_vertically(40);
-        head.draw_text(
-            title,
-            &TextStyle::from(("sans-serif", 17).into_font()),
-            (12, 12),
-        )
-        .expect("draw");
-        let (plots, below) = rest.split_vertically(plot_h);
-        let panels = plots.split_evenly((1, groups.len().max(1)));
-        for (panel, (model, batch)) in panels.iter().zip(&groups) {
-            let in_group: Vec<&Record> = records
-                .iter()
-                .filter(|r| &r.0 == model && group_batch(&r.1, r.2) == *batch)
-                .collect();
-            let bare = |b: &Option<String>| {
-                (in_group.iter())
-                    .find(|r| strategy(&r.1).is_none() && backend(&r.1) == *b)
-                    .map(|r| r.3)
-            };
-            let mut lines: Vec<(usize, Vec<(f64, f64)>)> = Vec::new();
-            for (s, name) in series.iter().enumerate() {
-                let mut points: Vec<(f64, f64)> = (in_group.iter())
-                    .filter(|r| strategy(&r.1).as_ref() == Some(name))
-                    .filter_map(|r| {
-                        let base = bare(&backend(&r.1))?;
-                        Some((replica_count(&r.1) as f64, r.3 / base))
-                    })
-                    .collect();
-                // One device is the bare model itself: every line starts at 1x.
-                if !points.is_empty() && !points.iter().any(|p| p.0 == 1.0) {
-                    points.push((1.0, 1.0));
-                }
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                if !points.is_empty() {
-                    lines.push((s, points));
-                }
-            }
-            // Linear scaling is the reference for distinct devices only.
-            let floor = if per_replica { max_count as f64 } else { 1.0 };
-            let top = (lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1))).fold(floor, f64::max);
-            let mut chart = ChartBuilder::on(panel)
-                .caption(
-                    format!(
-                        "{model}, batch {batch}{}",
-                        if per_replica { " per replica" } else { "" }
-                    ),
-                    ("sans-serif", 14),
-                )
-                .margin(8)
-                .y_label_area_size(44)
-                .x_label_area_size(36)
-                .build_cartesian_2d(0.8f64..max_count as f64 + 0.2, 0f64..top * 1.1)
-                .expect("chart");
-            chart
-                .configure_mesh()
-                .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
-                .x_labels(max_count + 1)
-                .x_label_formatter(&|v| format!("{v:.0}"))
-                .x_desc(match per_replica {
-                    true => "replicas, one per GPU",
-                    false => "replicas sharing one device",
-                })
-                .y_desc("speed-up over the bare model")
-                .y_label_formatter(&|v| format!("{v:.1}x"))
-                .draw()
-                .expect("mesh");
-            if per_replica {
-                let linear = [(1.0, 1.0), (max_count as f64, max_count as f64)];
-                chart
-                    .draw_series(LineSeries::new(linear, GREY))
-                    .expect("line");
-            }
-            for (s, points) in lines {
-                let style = color(s).stroke_width(2);
-                chart
-                    .draw_series(LineSeries::new(points.clone(), style))
-                    .expect("line");
-                chart
-                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color(s).filled())))
-                    .expect("points");
-            }
-        }
-        let mut entries: Vec<(String, RGBColor)> = (series.iter().enumerate())
-            .map(|(s, name)| (name.clone(), color(s)))
-            .collect();
-        if per_replica {
-            entries.push(("linear scaling".into(), GREY));
-        }
-        legend(&below, &entries, true);
-        root.present().expect("present");
+    let mut entries: Vec<(String, RGBColor)> = (series.iter().enumerate())
+        .map(|(s, name)| (name.clone(), color(s)))
+        .collect();
+    if per_replica {
+        entries.push(("linear scaling".into(), GREY));
     }
-    out
+    canvas(title, &panels, 360, &entries, true, |area, g| {
+        let in_group = panels.rows(g);
+        let bare = |b: &Option<String>| {
+            (in_group.iter())
+                .find(|r| strategy(&r.1).is_none() && backend(&r.1) == *b)
+                .map(|r| r.3)
+        };
+        let mut lines: Vec<(usize, Vec<(f64, f64)>)> = Vec::new();
+        for (s, name) in series.iter().enumerate() {
+            let mut points: Vec<(f64, f64)> = (in_group.iter())
+                .filter(|r| strategy(&r.1).as_ref() == Some(name))
+                .filter_map(|r| {
+                    let base = bare(&backend(&r.1))?;
+                    Some((replica_count(&r.1) as f64, r.3 / base))
+                })
+                .collect();
+            // One device is the bare model itself: every line starts at 1x.
+            if !points.is_empty() && !points.iter().any(|p| p.0 == 1.0) {
+                points.push((1.0, 1.0));
+            }
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if !points.is_empty() {
+                lines.push((s, points));
+            }
+        }
+        // Linear scaling is the reference for distinct devices only.
+        let floor = if per_replica { max_count as f64 } else { 1.0 };
+        let top = (lines.iter().flat_map(|(_, p)| p.iter().map(|p| p.1))).fold(floor, f64::max);
+        let mut chart = ChartBuilder::on(area)
+            .caption(panels.caption(g), ("sans-serif", 14))
+            .margin(8)
+            .y_label_area_size(44)
+            .x_label_area_size(36)
+            .build_cartesian_2d(0.8f64..max_count as f64 + 0.2, 0f64..top * 1.1)
+            .expect("chart");
+        chart
+            .configure_mesh()
+            .light_line_style(RGBColor(0xf0, 0xf0, 0xf0))
+            .x_labels(max_count + 1)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .x_desc(match per_replica {
+                true => "replicas, one per GPU",
+                false => "replicas sharing one device",
+            })
+            .y_desc("speed-up over the bare model")
+            .y_label_formatter(&|v| format!("{v:.1}x"))
+            .draw()
+            .expect("mesh");
+        if per_replica {
+            let linear = [(1.0, 1.0), (max_count as f64, max_count as f64)];
+            chart
+                .draw_series(LineSeries::new(linear, GREY))
+                .expect("line");
+        }
+        for (s, points) in lines {
+            let style = color(s).stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))
+                .expect("line");
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color(s).filled())))
+                .expect("points");
+        }
+    })
 }
 
 /// `plot[-scaling|-speedup|-speedup-global] OUT.svg CSV...` (`benches/train_step.rs`): the
