@@ -92,9 +92,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
                 .zip(shards.devices())
                 .map(|(piece, device)| {
                     let piece = comm::move_to(piece, device);
-                    if let Some(tracked) = K::tracked_float(&piece) {
-                        shards.join_later(tracked);
-                    }
+                    shards.join_later(&piece);
                     piece
                 })
                 .collect();
@@ -293,9 +291,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tens
                 Broadcast(match shards.graphs() {
                     Some(graphs) => K::replica_leaf(copy, &tensor, graphs, replica, Part::Whole),
                     None => {
-                        if let Some(tracked) = K::tracked_float(&copy) {
-                            shards.join_later(tracked);
-                        }
+                        shards.join_later(&copy);
                         copy
                     }
                 })

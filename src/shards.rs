@@ -2,10 +2,11 @@
 
 use std::sync::{Arc, Mutex};
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use crate::backend::ReplicaGraphs;
+use crate::backend::{ConcatKind, ReplicaGraphs};
 use crate::config::LossReduction;
 use crate::error::DataParallelError;
 
@@ -93,16 +94,21 @@ impl<B: Backend> Shards<B> {
         }
     }
 
-    /// Keeps a tracked tensor the scatter gave a replica (a shard of a tracked input, a
-    /// broadcast copy), for the replicate stage to join into the parameters' autodiff graph
-    /// on the calling thread. Under the single backward, the replicas' forwards build one
+    /// Keeps `tensor` when it is tracked and these shards collect them (a shard of a tracked
+    /// input or a broadcast copy the scatter gave a replica), for the replicate stage to join
+    /// into the parameters' autodiff graph on the calling thread. Under the single backward, the replicas' forwards build one
     /// graph from their threads; without this, their first operations would merge the
     /// input's graph with the parameters' from several threads at once, which Burn 0.21's
     /// graph locator can get wrong (a wrong gradient, once in hundreds of steps, with other
     /// autodiff threads running: `tests/backends/races.rs`).
-    pub(crate) fn join_later(&self, tensor: FloatTensor<B>) {
-        if let Some(joins) = &self.joins {
-            joins.lock().unwrap_or_else(|e| e.into_inner()).push(tensor);
+    pub(crate) fn join_later<const D: usize, K: ConcatKind<B>>(&self, tensor: &Tensor<B, D, K>) {
+        if let Some(joins) = &self.joins
+            && let Some(tracked) = K::tracked_float(tensor)
+        {
+            joins
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(tracked);
         }
     }
 

@@ -14,7 +14,7 @@ use super::super::comm::{self, Combine, Target, TransferLog};
 use super::super::{ConcatBackend, Part};
 use super::overlap::{Overlap, Ready, TargetInfo};
 use super::steps::{Key, Lost, replica_backward};
-use super::{Graphs, PerReplica, START_LIMIT, State, Status, Tracked};
+use super::{Graphs, PerReplica, Replica, START_LIMIT, State, Status, Tracked};
 use crate::profile::ReduceBucket;
 
 /// What the replicas' backward left: per replica, the gradient of every target not reduced
@@ -132,19 +132,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         let per_replica = state
             .replicas
             .iter_mut()
-            .map(|replica| {
-                let mut grads: Vec<Option<FloatTensor<B>>> = (0..targets).map(|_| None).collect();
-                for leaf in &mut replica.leaves {
-                    if let Some(grad) = leaf.grad.take() {
-                        let slot = &mut grads[leaf.target];
-                        *slot = Some(match slot.take() {
-                            Some(sum) => B::float_add(sum, grad),
-                            None => grad,
-                        });
-                    }
-                }
-                grads
-            })
+            .map(|replica| take_sums(replica, targets, Some))
             .collect();
         Collected {
             per_replica,
@@ -230,10 +218,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
             true => &mut entry.outputs[index].1,
             false => &mut entry.leaves[index].grad,
         };
-        *stored = Some(match stored.take() {
-            Some(previous) => B::float_add(previous, grad),
-            None => grad,
-        });
+        add_to::<B>(stored, grad);
         if output {
             return;
         }
@@ -318,20 +303,35 @@ fn take_bucket<B: ConcatBackend>(
     }
     let parts = (state.replicas.iter_mut())
         .map(|replica| {
-            let mut sums: Vec<Option<FloatTensor<B>>> = (0..targets.len()).map(|_| None).collect();
-            for leaf in &mut replica.leaves {
-                let Some(&i) = position.get(&leaf.target) else {
-                    continue;
-                };
-                if let Some(grad) = leaf.grad.take() {
-                    sums[i] = Some(match sums[i].take() {
-                        Some(sum) => B::float_add(sum, grad),
-                        None => grad,
-                    });
-                }
-            }
+            let sums = take_sums(replica, targets.len(), |t| position.get(&t).copied());
             sums.into_iter().map(|sum| sum.expect("present")).collect()
         })
         .collect();
     Some(parts)
+}
+
+/// Takes `replica`'s leaf gradients into `slots` sums, each leaf's into slot
+/// `slot(its target)` (the gradients of leaves without a slot stay), added in leaf order.
+fn take_sums<B: ConcatBackend>(
+    replica: &mut Replica<B>,
+    slots: usize,
+    slot: impl Fn(usize) -> Option<usize>,
+) -> Vec<Option<FloatTensor<B>>> {
+    let mut sums: Vec<Option<FloatTensor<B>>> = (0..slots).map(|_| None).collect();
+    for leaf in &mut replica.leaves {
+        if let Some(i) = slot(leaf.target)
+            && let Some(grad) = leaf.grad.take()
+        {
+            add_to::<B>(&mut sums[i], grad);
+        }
+    }
+    sums
+}
+
+/// `grad` added to what `slot` holds.
+fn add_to<B: ConcatBackend>(slot: &mut Option<FloatTensor<B>>, grad: FloatTensor<B>) {
+    *slot = Some(match slot.take() {
+        Some(sum) => B::float_add(sum, grad),
+        None => grad,
+    });
 }
