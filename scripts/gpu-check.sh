@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -19,7 +19,11 @@
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
-# alternating processes.
+# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs),
+# the CubeBackend suite SUITE_RUNS times (10) and the Fusion suite FUSION_RUNS times (1), each
+# in a fresh process, none started after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
+# built from another commit) adds that build's controls, alternating with this one's;
+# BUNDLE=DIR runs another bundle than gpu-bundle/.
 #
 # gpu-bundle/ holds the binaries and a cubecl.toml that keeps CubeCL's compilation and
 # autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
@@ -31,8 +35,8 @@
 # that did not travel are skipped. An older single gpu-bundle/cubecl-cache.tar.gz is read too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUNDLE=gpu-bundle
-BINARIES="backends half_precision kernels step_time concat learner_cnn train_step autodiff_threads strategies"
+BUNDLE=${BUNDLE:-gpu-bundle}
+BINARIES="backends half_precision kernels step_time concat learner_cnn cross_stream train_step autodiff_threads strategies"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -45,7 +49,7 @@ build() {
         case $bin in
             backends | half_precision | kernels) tests+=(--test "$bin") ;;
             step_time | concat | train_step | autodiff_threads | strategies) benches+=(--bench "$bin") ;;
-            learner_cnn) examples+=(--example "$bin") ;;
+            learner_cnn | cross_stream) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
         esac
     done
@@ -197,6 +201,10 @@ run() {
         [ -f "$BUNDLE/$bin.xz" ] || continue
         xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
         chmod +x "$work/$bin"
+        # The same binary built from an older commit (COMPARE_BUNDLE), as NAME-before.
+        [ -n "${COMPARE_BUNDLE:-}" ] && [ -f "$COMPARE_BUNDLE/$bin.xz" ] || continue
+        xz -dc "$COMPARE_BUNDLE/$bin.xz" >"$work/$bin-before"
+        chmod +x "$work/$bin-before"
     done
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
 
@@ -290,6 +298,29 @@ run() {
             done
         done
     fi
+    if [ "$what" = trust ]; then
+        # Whether CUDA results can be trusted: the cross-stream controls (and, where
+        # COMPARE_BUNDLE brought an older build, the same controls on it, alternating), then
+        # the CubeBackend suite SUITE_RUNS times, each in a fresh process, then the Fusion
+        # suite once (FUSION_RUNS).
+        local round run
+        for ((round = 1; round <= ${CONTROL_ROUNDS:-1}; round++)); do
+            step "controls-$round" "$bench_limit" ./cross_stream all "${CONTROL_COUNT:-200}"
+            [ ! -x "$work/cross_stream-before" ] || step "controls-before-$round" \
+                "$bench_limit" ./cross_stream-before all "${CONTROL_COUNT:-200}"
+        done
+        # TRUST_DEADLINE (seconds since the script started) stops starting further runs, so
+        # that a call ends in time to bring its logs and caches back.
+        local deadline=${TRUST_DEADLINE:-1000000}
+        for ((run = 1; run <= ${SUITE_RUNS:-10}; run++)); do
+            [ "$SECONDS" -lt "$deadline" ] || break
+            step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
+        done
+        for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
+            [ "$SECONDS" -lt "$deadline" ] || break
+            step "suite-fusion-$run" "$tests_limit" ./backends --test-threads=1 cuda_fusion::
+        done
+    fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"
     fi
@@ -312,15 +343,17 @@ run() {
 
     if [ "${SAVE_CACHE:-1}" = 1 ]; then
         local exclude=(--exclude=cubecl.toml)
-        for bin in $BINARIES; do exclude+=("--exclude=$bin"); done
+        for bin in $BINARIES; do exclude+=("--exclude=$bin" "--exclude=$bin-before"); done
         (cd "$work" && tar czf - "${exclude[@]}" .) |
             split -b 15M -d - "$logs/aa-cubecl-cache.tgz."
         ls -l "$logs"/aa-cubecl-cache.tgz.*
     fi
     echo
+    local suites
+    suites=$(cd "$logs" && ls suite-*.log 2>/dev/null | sed 's/\.log$//' | sort -V) || true
     for name in tests-cuda-fusion tests-cuda-cube tests-cuda-cube-half \
         tests-cuda-faults tests-cuda-half-backends \
-        tests-kernels-cuda tests-multi-fusion tests-multi-cube; do
+        tests-kernels-cuda tests-multi-fusion tests-multi-cube $suites; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         # (--nocapture output shares the lines of half_precision's results: no count there.)
@@ -332,6 +365,9 @@ run() {
     local cases=$logs/tests-cuda-half-backends.log
     [ -f "$cases" ] && echo "  half_precision cases: $(grep -c '^ok ' "$cases") ok," \
         "$(grep -c '^FAIL ' "$cases") FAIL (Fusion's are known to fail on Burn 0.21)"
+    for name in $(cd "$logs" && ls controls-*.log 2>/dev/null | sed 's/\.log$//' | sort -V); do
+        echo "$name:" && grep -E '^\|' "$logs/$name.log" | tail -n +3
+    done
     for name in bench-autodiff-threads bench-threads-cube bench-threads-cube-distinct \
         bench-threads-fusion bench-threads-fusion-distinct step-time bench-concat bench-concat-torch \
         bench-models-torch bench-models bench-strategies bench-scaling-torch bench-scaling; do
@@ -346,7 +382,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|cold|multi|threads|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|all]" >&2
         exit 2
         ;;
 esac

@@ -2,9 +2,24 @@
 //!
 //! Every device slot (an entry of the device list) has one *lane*: a long-lived thread that
 //! runs that slot's replica forwards, one after the other, and, when it is idle, the
-//! replica's backward. Burn keeps per-thread state (the pending updates of `RunningState`,
-//! CubeCL's per-thread streams), which fresh threads would leak and leave unsynchronised, so
-//! slot `i`'s forwards always run on the same OS thread.
+//! replica's backward. Burn keeps per-thread state (the pending updates of `RunningState`),
+//! which fresh threads would leak and leave unsynchronised, so slot `i`'s forwards always run
+//! on the same OS thread.
+//!
+//! Every job runs on the CubeCL stream of the thread that hands it over
+//! ([`StreamId::executes`], the mechanism Burn's `Fusion` uses for its own queues): a
+//! replica's forward on the stream of the thread that called the wrapper's forward, its
+//! backward on the stream of the thread running the caller's backward. The lanes are separate
+//! threads only for Burn's per-thread state, never separate streams. CubeCL 0.10 gives each
+//! thread its own stream, with a memory pool of its own, and protects memory that one stream
+//! reads from another only for the launch that first waits on the other stream: a later
+//! launch reading the same buffer is not protected, so the owning stream can reuse the memory
+//! once the last handle is dropped while that launch is still queued, and the launch reads
+//! whatever was written there since. On CUDA this gave a few wrong gradient elements in some
+//! steps, or a launch error. One stream per device for all of a step's work leaves nothing to
+//! protect. Replicas sharing one device lose no overlap by it: CubeCL 0.10 runs a device's
+//! launches on one thread anyway; replicas on distinct devices still run at the same time,
+//! each device's stream being its own.
 //!
 //! A replica's backward ends with Burn's graph cleanup, which waits for every autodiff graph,
 //! the caller's included; while the caller's backward goes on, the lane that ran it stays
@@ -18,6 +33,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+use burn::tensor::StreamId;
 
 use crate::backend::ReplicaRuntime;
 use crate::error::{BoxError, DataParallelError};
@@ -128,6 +145,8 @@ impl Workers {
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
         let results: Results<O> = Arc::new(Mutex::new((0..jobs.len()).map(|_| None).collect()));
+        // Every replica's forward queues on this thread's stream (module docs).
+        let stream = StreamId::current();
         let outstanding: Outstanding = Arc::new((Mutex::new(jobs.len()), Condvar::new()));
         {
             // Waits for every job even if this thread unwinds while queueing them.
@@ -142,10 +161,12 @@ impl Workers {
                     // idle again, before it counts.
                     let _done = done;
                     let _busy = busy;
-                    let result = run(&replica, input, f);
-                    drop(replica);
-                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
-                    drop(results);
+                    stream.executes(|| {
+                        let result = run(&replica, input, f);
+                        drop(replica);
+                        results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                        drop(results);
+                    });
                 });
                 // SAFETY: the job borrows `f` and values of this call only, and this call does
                 // not return before every job's `CountDown` has been dropped (`Wait` above,
@@ -163,8 +184,10 @@ impl Workers {
     }
 
     /// Starts `job` on an idle lane of `slot` (the first lane when it is idle), starting a new
-    /// lane when none is, and returns at once.
+    /// lane when none is, and returns at once. The job queues its work on the calling thread's
+    /// stream.
     pub(crate) fn spawn(&self, slot: usize, job: Job) {
+        let stream = StreamId::current();
         let mut lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
         // Places are only taken under this lock, so an idle lane stays idle until `busy`.
         let idle = (lanes.iter()).position(|lane| lane.pending.load(Ordering::SeqCst) == 0);
@@ -182,7 +205,7 @@ impl Workers {
         let busy = lanes[lane].busy();
         lanes[lane].send(Box::new(move || {
             let _busy = busy;
-            job();
+            stream.executes(job);
         }));
     }
 }
