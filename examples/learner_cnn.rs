@@ -2,8 +2,8 @@
 //! checkpoint between the wrapper and the bare model.
 //!
 //! ```sh
-//! cargo run --release --example learner_cnn                      # CPU, 2 replicas
-//! cargo run --release --example learner_cnn -- 4                 # CPU, 4 replicas
+//! cargo run --example learner_cnn                                # CPU, 2 replicas
+//! cargo run --example learner_cnn -- 4                           # CPU, 4 replicas
 //! cargo run --release --features cuda --example learner_cnn -- 4 # CUDA device 0, 4 replicas
 //! ```
 //!
