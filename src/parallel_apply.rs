@@ -23,9 +23,11 @@
 //!
 //! A replica's backward ends with Burn's graph cleanup, which waits for every autodiff graph,
 //! the caller's included; while the caller's backward goes on, the lane that ran it stays
-//! occupied. A second backward for the same slot within one caller's backward (two forwards
-//! before one backward, the wrapper applied to its own output) then runs on another lane of
-//! that slot, started the first time it is needed and kept for later steps.
+//! occupied. A second backward for the same slot within one caller's backward (several
+//! forwards before one backward, as in gradient accumulation, or the wrapper applied to its
+//! own output) then runs on a *spare* thread of its own, which ends with that backward. The
+//! wrapper keeps one thread per entry of its device list, and no more: after a backward, the
+//! process has the threads it had before, however many forwards it took.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -37,8 +39,9 @@ use std::time::Duration;
 use burn::tensor::StreamId;
 
 use crate::backend::ReplicaRuntime;
+use crate::backend::comm::ReduceBucket;
 use crate::error::{BoxError, DataParallelError};
-use crate::profile::{ReduceBucket, Sink};
+use crate::profile::Sink;
 
 /// A job for a lane; the lane catches its panics.
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -59,7 +62,7 @@ pub(crate) fn in_replica() -> bool {
 /// The lanes of every device slot.
 #[derive(Debug)]
 pub(crate) struct Workers {
-    slots: Vec<Mutex<Vec<Lane>>>,
+    slots: Vec<Mutex<Lane>>,
 }
 
 #[derive(Debug)]
@@ -70,19 +73,17 @@ struct Lane {
 }
 
 impl Lane {
-    fn start(slot: usize, index: usize) -> std::io::Result<Self> {
+    fn start(slot: usize) -> std::io::Result<Self> {
         let (jobs, queue) = channel::<Job>();
         let pending = Arc::new(AtomicUsize::new(0));
-        let name = match index {
-            0 => format!("dataparallel-{slot}"),
-            _ => format!("dataparallel-{slot}.{index}"),
-        };
-        std::thread::Builder::new().name(name).spawn(move || {
-            IN_REPLICA.with(|flag| flag.set(true));
-            for job in queue {
-                let _ = catch_unwind(AssertUnwindSafe(job));
-            }
-        })?;
+        std::thread::Builder::new()
+            .name(format!("dataparallel-{slot}"))
+            .spawn(move || {
+                IN_REPLICA.with(|flag| flag.set(true));
+                for job in queue {
+                    let _ = catch_unwind(AssertUnwindSafe(job));
+                }
+            })?;
         Ok(Self { jobs, pending })
     }
 
@@ -100,6 +101,33 @@ impl Lane {
     fn busy(&self) -> Busy {
         self.pending.fetch_add(1, Ordering::SeqCst);
         Busy(self.pending.clone())
+    }
+
+    /// Queues `job` behind the lane's work, holding a place in its queue while it runs.
+    fn queue(&self, job: Job) {
+        let busy = self.busy();
+        self.send(Box::new(move || {
+            let _busy = busy;
+            job();
+        }));
+    }
+}
+
+/// Runs `job` on a thread of its own that ends with it, for a slot whose lane is occupied;
+/// gives `job` back when no thread can be started.
+fn spare(slot: usize, job: Job) -> Result<(), Job> {
+    let (sender, receiver) = channel::<Job>();
+    let started = std::thread::Builder::new()
+        .name(format!("dataparallel-{slot}-spare"))
+        .spawn(move || {
+            IN_REPLICA.with(|flag| flag.set(true));
+            if let Ok(job) = receiver.recv() {
+                let _ = catch_unwind(AssertUnwindSafe(job));
+            }
+        });
+    match started {
+        Ok(_) => sender.send(job).map_err(|returned| returned.0),
+        Err(_) => Err(job),
     }
 }
 
@@ -119,8 +147,8 @@ impl Workers {
     pub(crate) fn new(slots: usize) -> Result<Self, DataParallelError> {
         let slots = (0..slots)
             .map(|slot| {
-                Lane::start(slot, 0)
-                    .map(|lane| Mutex::new(vec![lane]))
+                Lane::start(slot)
+                    .map(Mutex::new)
                     .map_err(|error| DataParallelError::WorkerSpawn {
                         message: error.to_string(),
                     })
@@ -152,10 +180,10 @@ impl Workers {
             // Waits for every job even if this thread unwinds while queueing them.
             let _wait = Wait(outstanding.clone());
             for (index, (slot, replica, input)) in jobs.into_iter().enumerate() {
-                let lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+                let lane = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
                 let results = results.clone();
                 let done = CountDown(outstanding.clone());
-                let busy = lanes[0].busy();
+                let busy = lane.busy();
                 let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
                     // Dropped last: everything the job borrows is released, and the lane is
                     // idle again, before it counts.
@@ -173,7 +201,7 @@ impl Workers {
                 // also on unwinding), which happens after the job has run, or when it is
                 // dropped unrun.
                 let job: Job = unsafe { std::mem::transmute(job) };
-                lanes[0].send(job);
+                lane.send(job);
             }
         }
         let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
@@ -183,30 +211,25 @@ impl Workers {
             .collect()
     }
 
-    /// Starts `job` on an idle lane of `slot` (the first lane when it is idle), starting a new
-    /// lane when none is, and returns at once. The job queues its work on the calling thread's
+    /// Starts `job` on `slot`'s lane when it is idle, otherwise on a spare thread that ends
+    /// with the job, and returns at once. The job queues its work on the calling thread's
     /// stream.
     pub(crate) fn spawn(&self, slot: usize, job: Job) {
         let stream = StreamId::current();
-        let mut lanes = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
-        // Places are only taken under this lock, so an idle lane stays idle until `busy`.
-        let idle = (lanes.iter()).position(|lane| lane.pending.load(Ordering::SeqCst) == 0);
-        let lane = match idle {
-            Some(index) => index,
-            None => match Lane::start(slot, lanes.len()) {
-                Ok(lane) => {
-                    lanes.push(lane);
-                    lanes.len() - 1
-                }
-                // No thread to be had: queue it behind the first lane's work.
-                Err(_) => 0,
-            },
-        };
-        let busy = lanes[lane].busy();
-        lanes[lane].send(Box::new(move || {
-            let _busy = busy;
-            stream.executes(job);
-        }));
+        let job: Job = Box::new(move || stream.executes(job));
+        let lane = self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+        // Places are only taken under this lock, so an idle lane stays idle until `queue`.
+        if lane.pending.load(Ordering::SeqCst) == 0 {
+            return lane.queue(job);
+        }
+        drop(lane);
+        if let Err(job) = spare(slot, job) {
+            // No thread to be had: queue it behind the lane's work.
+            self.slots[slot]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .queue(job);
+        }
     }
 }
 
