@@ -4,28 +4,11 @@
 use std::sync::Arc;
 
 use burn::config::Config;
-use burn::tensor::backend::Backend;
 
 use crate::error::DataParallelError;
 use crate::parallel_apply::Workers;
 use crate::profile::Profiler;
-use crate::scatter::Scatter;
-use crate::shards::Shards;
-
-/// How a model's own training step reduces its loss over the batch, which says how the
-/// wrapper combines the replicas' gradients under burn-train's `Learner`
-/// ([`DataParallelConfig::loss_reduction`]).
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum LossReduction {
-    /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
-    /// are weighted by its share of the batch, `n_i / N`, and summed, which gives the
-    /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
-    /// same way, so it counts once, as in the bare model.
-    Mean,
-    /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
-    /// added to the loss that does not grow with the batch then counts once per replica.
-    Sum,
-}
+use crate::shards::LossReduction;
 
 /// Settings of a [`DataParallel`](crate::DataParallel), in Burn's `Config` style; devices are given to
 /// [`init`](Self::init).
@@ -85,7 +68,7 @@ pub struct DataParallelConfig {
     ///
     /// Off by default: with replicas sharing one H200 it made ResNet-18's four-replica step
     /// 10 % slower (two replicas: within the spread), and it has not been measured on several
-    /// GPUs yet (`benches/RESULTS.md`, 2026-12-01, eleventh session).
+    /// GPUs yet (`benches/RESULTS.md`, 2026-12-01, `081a4b9`).
     #[config(default = false)]
     pub overlap_reduce: bool,
     /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
@@ -114,34 +97,12 @@ pub(crate) struct Settings<D> {
     pub(crate) parallel_backward: bool,
     pub(crate) overlap_reduce: bool,
     pub(crate) loss_reduction: LossReduction,
-    /// Tests on one device: every replica after the first gets its own running states.
-    pub(crate) states_per_replica: bool,
     /// One lane per device entry; none for a single device.
     pub(crate) workers: Option<Arc<Workers>>,
     pub(crate) profiler: Arc<Profiler>,
 }
 
 impl<D: Clone + PartialEq> Settings<D> {
-    /// How `input` would be split over these devices ([`DataParallel::shards`]).
-    pub(crate) fn shards<B: Backend<Device = D>, I: Scatter<B>>(
-        &self,
-        input: &I,
-    ) -> Result<Shards<B>, DataParallelError> {
-        let dim = self.dim;
-        match input.batch_size(dim)? {
-            None => Err(DataParallelError::NothingToScatter { dim }),
-            Some(0) => Err(DataParallelError::EmptyBatch { dim }),
-            Some(batch_size) => Ok(Shards::new(
-                batch_size,
-                &self.devices,
-                self.shard_weights.as_deref(),
-                dim,
-                self.output_device.clone(),
-            )
-            .with_loss_reduction(self.loss_reduction)),
-        }
-    }
-
     /// Validates `config` against `devices` (and against `fusion_half_precision`: the backend
     /// is Burn 0.21's `Fusion` in f16) and starts the workers.
     pub(crate) fn new(
@@ -179,7 +140,6 @@ impl<D: Clone + PartialEq> Settings<D> {
             parallel_backward: config.parallel_backward,
             overlap_reduce: config.overlap_reduce,
             loss_reduction: config.loss_reduction,
-            states_per_replica: false,
             workers,
             profiler,
         })

@@ -4,8 +4,8 @@ use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::backend::ConcatBackend;
+use crate::config::DataParallelConfig;
 use crate::config::Settings;
-use crate::config::{DataParallelConfig, LossReduction};
 use crate::error::{BoxError, DataParallelError};
 use crate::forward::Forward;
 use crate::gather::Gather;
@@ -13,6 +13,7 @@ use crate::profile::StepProfile;
 use crate::replicate::initialize;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
+use crate::shards::LossReduction;
 use crate::shards::Shards;
 use crate::step;
 
@@ -208,7 +209,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of [`Scatter::batch_size`], [`DataParallelError::NothingToScatter`] when `input`
     /// holds no tensor, and [`DataParallelError::EmptyBatch`] when its batch is empty.
     pub fn shards<I: Scatter<B>>(&self, input: &I) -> Result<Shards<B>, DataParallelError> {
-        self.settings.shards(input)
+        crate::step::shards(&self.settings, input)
     }
 
     /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.

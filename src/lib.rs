@@ -24,9 +24,13 @@
 //!   them to other devices in coalesced buckets ([`DataParallelConfig::bucket_size`], 25 MiB
 //!   by default): one flat buffer and one transfer per bucket.
 //! - Replicas run on long-lived threads, one *lane* per entry of the device list, so that
-//!   Burn's per-thread state (batch-norm running statistics, CubeCL streams) stays bounded and
-//!   correct. A panic or error in a replica comes back as a [`DataParallelError`] naming the
-//!   replica and its device.
+//!   Burn's per-thread state (batch-norm running statistics) stays bounded and correct; all
+//!   of a step's work on a device queues on the CubeCL stream of the thread that called the
+//!   wrapper (CubeCL 0.10 lets one stream reuse memory that another stream's queued work
+//!   still reads). A wrapper keeps exactly one thread per entry of its device list: a
+//!   replica backward that finds its lane busy (several forwards before one backward, as in
+//!   gradient accumulation) runs on a spare thread that ends with it. A panic or error in a
+//!   replica comes back as a [`DataParallelError`] naming the replica and its device.
 //! - A forward with one shard on the module's own device (one device, or a batch of one), and
 //!   a wrapper's forward inside another wrapper's replica, run the module itself on the
 //!   calling thread, as the bare model would.
@@ -40,9 +44,12 @@
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.
-//! - Every transfer and every sum of the replicas' gradients is in [`backend`]'s `comm`
-//!   (the way `torch/nn/parallel/comm.py` holds `broadcast_coalesced` and
-//!   `reduce_add_coalesced`). Splitting and concatenation run this crate's CubeCL kernels:
+//! - Every transfer is in [`backend`]'s `comm` (the way `torch/nn/parallel/comm.py` holds
+//!   `broadcast_coalesced` and `reduce_add_coalesced`), and so is every sum of the replicas'
+//!   gradients under the parallel backward and on the Learner path (`comm/reduce.rs`). Under
+//!   the single backward (`parallel_backward(false)`, and always on `Fusion`) the replicas'
+//!   gradients of a parameter meet in Burn's own autodiff, which adds the gradients that
+//!   reach one node. Splitting and concatenation run this crate's CubeCL kernels:
 //!   one launch for any number of inputs, recorded as custom operations under `Fusion`, with
 //!   custom backward steps under `Autodiff`. Tensors in inputs and outputs therefore need a
 //!   [`ConcatBackend`]; [`DataParallelBackend`] is the bound for generic training code.
@@ -117,16 +124,17 @@ mod step;
 mod train;
 mod warm_up;
 
+pub use backend::comm::ReduceBucket;
 pub use backend::{ConcatBackend, DataParallelBackend};
-pub use config::{DataParallelConfig, LossReduction};
+pub use config::DataParallelConfig;
 pub use data_parallel::DataParallel;
 pub use error::{BoxError, DataParallelError};
 pub use forward::Forward;
 pub use gather::{Gather, Mean, Sum};
-pub use profile::{ReduceBucket, StepProfile};
+pub use profile::StepProfile;
 pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};
 pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
-pub use shards::{Shards, shard_sizes};
+pub use shards::{LossReduction, Shards, shard_sizes};
 pub use warm_up::WarmUp;
 
 /// The README's Rust examples, compiled and run as doctests.

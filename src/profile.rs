@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 
-use crate::backend::comm::{self, TransferLog};
+use crate::backend::comm::{self, ReduceBucket, TransferLog, synchronize};
 
 /// Where one [`DataParallel`](crate::DataParallel) step spent its time, and the bytes it moved
 /// between distinct devices.
@@ -96,47 +96,6 @@ pub struct StepProfile {
     pub broadcast_transfers: usize,
     /// Number of gradient transfers (coalesced buckets) back in the backward.
     pub reduce_transfers: usize,
-}
-
-/// One bucket of gradients reduced while the replicas' backward ran: its times are from the
-/// start of the replicas' backward, like [`StepProfile::backward`]'s.
-///
-/// # Example
-///
-/// ```
-/// use burn::backend::{Autodiff, Flex};
-/// use burn::nn::{Linear, LinearConfig};
-/// use burn::tensor::Tensor;
-/// use burn_dataparallel::DataParallelConfig;
-///
-/// type B = Autodiff<Flex>;
-/// let device = Default::default();
-/// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
-/// let dp = DataParallelConfig::new()
-///     .with_overlap_reduce(true)
-///     .with_profile(true)
-///     .init(model, vec![device; 2])
-///     .unwrap();
-/// let output = dp.forward_with(Tensor::<B, 2>::ones([6, 8], &device), |m, x| m.forward(x));
-/// output.sum().backward();
-/// let buckets = dp.profile().expect("profiling is on").reduce_buckets;
-/// // The weight and the bias, in one bucket of the default 25 MiB.
-/// assert_eq!(buckets.len(), 1);
-/// assert_eq!(buckets[0].tensors, 2);
-/// assert!(buckets[0].start <= buckets[0].end);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReduceBucket {
-    /// The bucket's place in the plan: 0 holds the last parameters of the module.
-    pub index: usize,
-    /// When the calling thread started reducing it (every replica's part was there).
-    pub start: Duration,
-    /// When its sum was on the parameters' device.
-    pub end: Duration,
-    /// One replica's gradient bytes in it.
-    pub bytes: u64,
-    /// The number of gradients in it.
-    pub tensors: usize,
 }
 
 impl StepProfile {
@@ -354,15 +313,4 @@ pub(crate) fn replica<B: Backend, T>(
     synchronize::<B>(std::slice::from_ref(device));
     sink.lock().forward[shard] = start.elapsed();
     output
-}
-
-/// Waits for every device's queued work; errors only make the profile less exact.
-pub(crate) fn synchronize<B: Backend>(devices: &[B::Device]) {
-    let mut seen: Vec<&B::Device> = Vec::new();
-    for device in devices {
-        if !seen.contains(&device) {
-            seen.push(device);
-            let _ = B::sync(device);
-        }
-    }
 }

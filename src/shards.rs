@@ -2,13 +2,28 @@
 
 use std::sync::{Arc, Mutex};
 
+use burn::config::Config;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{ConcatKind, ReplicaGraphs};
-use crate::config::LossReduction;
 use crate::error::DataParallelError;
+
+/// How a model's own training step reduces its loss over the batch, which says how the
+/// wrapper combines the replicas' gradients under burn-train's `Learner`
+/// ([`DataParallelConfig::loss_reduction`]).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LossReduction {
+    /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
+    /// are weighted by its share of the batch, `n_i / N`, and summed, which gives the
+    /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
+    /// same way, so it counts once, as in the bare model.
+    Mean,
+    /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
+    /// added to the loss that does not grow with the batch then counts once per replica.
+    Sum,
+}
 
 /// The shards of one forward: which replicas run, on which devices, with how many items each.
 ///

@@ -2,18 +2,19 @@
 //!
 //! ```text
 //! shards   = scatter(input, devices, dim)     // scatter.rs: split the batch, move each shard
-//! replicas = replicate(module, shard devices) // replicate.rs: differentiable copies
+//! replicas = replicate(module, shard devices) // replicate/: differentiable copies
 //! outputs  = parallel_apply(replicas, shards) // parallel_apply.rs: one lane per device
 //! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
 //! ```
 //!
-//! Running states (`running_states.rs`) and the profile (`profile.rs`) are the step's
+//! Running states (`running_states/`) and the profile (`profile.rs`) are the step's
 //! collaborators; the per-replica backward that the parallel backward sets up here lives in
-//! `backend/replica_graphs.rs`.
+//! `backend/replica_graphs/`. How a batch is sized into shards is [`shards`] here.
 
 use std::sync::Arc;
 
 use burn::module::Module;
+use burn::tensor::backend::Backend;
 
 use crate::backend::{ConcatBackend, ReplicaGraphs, ReplicaSetup};
 use crate::config::Settings;
@@ -42,7 +43,7 @@ where
     E: Into<BoxError>,
     F: Fn(&M, I) -> Result<O, E> + Sync,
 {
-    let step = Step::new(settings, settings.shards(&input)?, true)?;
+    let step = Step::new(settings, shards(settings, &input)?, true)?;
     let forward = |replica: &M, (shard, input): (usize, I)| {
         step.replica(shard, || forward(replica, input).map_err(Into::into))
     };
@@ -62,6 +63,34 @@ where
     let gathered = step.stage(Stage::Gather, || O::gather(outputs, &step.shards))?;
     step.seal()?;
     Ok(gathered)
+}
+
+/// How `input` would be split over the devices of `settings` ([`DataParallel::shards`]).
+///
+/// # Errors
+///
+/// [`DataParallelError::NothingToScatter`] when `input` holds no tensor to split along the
+/// settings' `dim`, [`DataParallelError::EmptyBatch`] when its batch is empty, and the
+/// errors of [`Scatter::batch_size`] (tensors that disagree on the batch size).
+///
+/// [`DataParallel::shards`]: crate::DataParallel::shards
+pub(crate) fn shards<B: Backend, I: Scatter<B>>(
+    settings: &Settings<B::Device>,
+    input: &I,
+) -> Result<Shards<B>, DataParallelError> {
+    let dim = settings.dim;
+    match input.batch_size(dim)? {
+        None => Err(DataParallelError::NothingToScatter { dim }),
+        Some(0) => Err(DataParallelError::EmptyBatch { dim }),
+        Some(batch_size) => Ok(Shards::new(
+            batch_size,
+            &settings.devices,
+            settings.shard_weights.as_deref(),
+            dim,
+            settings.output_device.clone(),
+        )
+        .with_loss_reduction(settings.loss_reduction)),
+    }
 }
 
 /// One step's shards, devices, per-replica graphs and profile.
@@ -205,7 +234,6 @@ impl<B: ConcatBackend> Step<B> {
             self.shards.devices(),
             settings.bucket_size,
             own_states,
-            settings.states_per_replica,
             links,
             self.shards.take_joins(),
         );

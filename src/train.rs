@@ -20,7 +20,6 @@ use burn::train::{
 };
 
 use crate::backend::{ConcatBackend, DataParallelBackend};
-use crate::config::LossReduction;
 use crate::config::Settings;
 use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
@@ -30,6 +29,7 @@ use crate::profile::Stage;
 use crate::replicate::Links;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
+use crate::shards::LossReduction;
 use crate::shards::Shards;
 use crate::step::{self, Step};
 
@@ -121,7 +121,7 @@ where
     M::Output: Gather<B> + Send,
 {
     let settings = &dp.settings;
-    let step = Step::new(settings, settings.shards(&item)?, false)?;
+    let step = Step::new(settings, step::shards(settings, &item)?, false)?;
     if step.direct(settings) {
         return Ok(TrainStep::step(&dp.module, item));
     }

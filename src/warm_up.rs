@@ -7,11 +7,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::backend::ConcatBackend;
+use crate::backend::comm::synchronize;
 use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
 use crate::error::DataParallelError;
 use crate::gather::Sum;
-use crate::profile::synchronize;
 use crate::scatter::Scatter;
 use crate::step;
 

@@ -12,10 +12,10 @@
 //!   concatenation is a split and the other way round; the backward of a coalesced transfer
 //!   brings every piece's gradient back in one transfer);
 //! - `cpu.rs`: Flex and NdArray use Burn's own operations;
-//! - `replica_graphs.rs`: under `Autodiff`, the per-replica graphs and backward of the
+//! - `replica_graphs/`: under `Autodiff`, the per-replica graphs and backward of the
 //!   parallel backward.
 //!
-//! `comm.rs` holds every transfer and gradient sum of the pipeline (broadcast of parameters,
+//! `comm/` holds every transfer and gradient sum of the pipeline (broadcast of parameters,
 //! reduce-add of gradients, move-and-split), used by the forward and by both backwards.
 //!
 //! [`concat()`], [`split()`], [`coalesce()`], [`uncoalesce()`] and [`move_split()`] are the
@@ -269,7 +269,7 @@ pub trait ReplicaRuntime: Send + Sync {
     fn record_hub(&self, wait: Duration, reduce: Duration);
 
     /// Records one bucket of the overlapped reduce (when profiling).
-    fn record_bucket(&self, bucket: crate::profile::ReduceBucket);
+    fn record_bucket(&self, bucket: comm::ReduceBucket);
 }
 
 /// How a replica's leaf relates to the caller's tensor it copies.

@@ -63,7 +63,7 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
     devices: &[B::Device],
     bucket_size: usize,
 ) -> Vec<M> {
-    let mut states = RunningStates::plan(module, devices, None, false);
+    let mut states = RunningStates::plan(module, devices, None);
     copies(module, devices, bucket_size, &mut states, Links::Shared)
 }
 
@@ -94,7 +94,6 @@ pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
     devices: &[B::Device],
     bucket_size: usize,
     own_states: Option<OwnStates<M>>,
-    per_replica: bool,
     links: Links<'_, B>,
     inputs: Vec<FloatTensor<B>>,
 ) -> (Vec<M>, RunningStates<B, M>) {
@@ -102,7 +101,7 @@ pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
         (Links::Shared, 2..) => anchored(module, inputs),
         _ => module.clone(),
     };
-    let mut states = RunningStates::plan(&module, devices, own_states, per_replica);
+    let mut states = RunningStates::plan(&module, devices, own_states);
     let replicas = copies(&module, devices, bucket_size, &mut states, links);
     (replicas, states)
 }
@@ -328,7 +327,6 @@ mod independent_tests {
             &[device; 3],
             1 << 20,
             None,
-            false,
             Links::Independent,
             Vec::new(),
         );

@@ -48,13 +48,11 @@ pub(crate) struct RunningStates<B: Backend, M> {
 
 impl<B: ConcatBackend, M: Module<B>> RunningStates<B, M> {
     /// Plans the running states of replicas on `devices`: with `own_states`, replicas on a
-    /// device that the module is not on get one set per device (one per replica after the
-    /// first with `per_replica`, for tests on one device).
+    /// device that the module is not on get one set per device.
     pub(crate) fn plan(
         module: &M,
         devices: &[B::Device],
         own_states: Option<OwnStates<M>>,
-        per_replica: bool,
     ) -> Self {
         let home = module.devices();
         // Running states are untracked float tensors; a module without any needs no own sets.
@@ -62,14 +60,11 @@ impl<B: ConcatBackend, M: Module<B>> RunningStates<B, M> {
         let mut own_devices: Vec<&B::Device> = Vec::new();
         let groups: Vec<Option<usize>> = devices
             .iter()
-            .enumerate()
-            .map(|(i, device)| {
-                let own = own_states.is_some()
-                    && untracked
-                    && ((per_replica && i > 0) || !home.contains(device));
+            .map(|device| {
+                let own = own_states.is_some() && untracked && !home.contains(device);
                 own.then(|| match own_devices.iter().position(|d| *d == device) {
-                    Some(k) if !per_replica => k,
-                    _ => {
+                    Some(k) => k,
+                    None => {
                         own_devices.push(device);
                         own_devices.len() - 1
                     }

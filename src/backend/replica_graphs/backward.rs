@@ -10,12 +10,11 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::TensorMetadata;
 use burn::tensor::ops::FloatTensor;
 
-use super::super::comm::{self, Combine, Target, TransferLog};
+use super::super::comm::{self, Combine, ReduceBucket, Target, TransferLog};
 use super::super::{ConcatBackend, Part};
 use super::overlap::{Overlap, Ready, TargetInfo};
 use super::steps::{Key, Lost, replica_backward};
 use super::{Graphs, PerReplica, Replica, START_LIMIT, State, Status, Tracked};
-use crate::profile::ReduceBucket;
 
 /// What the replicas' backward left: per replica, the gradient of every target not reduced
 /// yet (leaves of one target added); per target, the sum already reduced in a bucket; the

@@ -203,7 +203,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Backward<B, 1> for HubBackward<C> 
             }
         }
         if profiling {
-            crate::profile::synchronize::<B>(&devices);
+            comm::synchronize::<B>(&devices);
             (graphs.setup.runtime).record_hub(waited, started.elapsed());
         }
         if let Some((replica, message)) = collected.failure {
