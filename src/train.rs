@@ -130,8 +130,15 @@ where
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(&dp.module, settings, own, Links::Independent)
     })?;
+    // A step ends with the model's own `loss.backward()`: one at a time where the backend
+    // or the settings allow no concurrent backwards (Fusion, `parallel_backward(false)`), as
+    // on the own loop's path.
+    let one_at_a_time = (!settings.parallel_backward || !B::concurrent_backward())
+        .then(|| std::sync::Mutex::new(()));
     let results = step.apply(replicas, inputs, &|replica: &M, (shard, input)| {
         step.replica(shard, || {
+            let _turn =
+                (one_at_a_time.as_ref()).map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
             let mut output = TrainStep::step(replica, input);
             // On the replica's worker: the gradients laid out contiguously, for the combine
             // on the calling thread.
