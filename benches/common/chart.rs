@@ -154,7 +154,9 @@ fn canvas(
     mut panel: impl FnMut(&Area<'_>, usize),
 ) -> String {
     let plot_h = 320u32;
-    let width = (panel_w * panels.groups.len() as u32).max(500);
+    // Wide enough for the title: sans-serif at 17 px averages under 9 px a character.
+    let title_w = 24 + 9 * title.chars().count() as u32;
+    let width = (panel_w * panels.groups.len() as u32).max(500).max(title_w);
     let height = 40 + plot_h + (14 + 18 * entries.len()) as u32;
     let mut out = String::new();
     {
@@ -360,17 +362,21 @@ pub fn plot(mode: &str, args: &[String]) {
     std::fs::write(out, chart).expect("write the chart");
 }
 
-/// Rows from CSV text (the header skipped; rows that do not parse are left out).
+/// Rows from CSV text (the header skipped). Rows that do not parse, and rows without a
+/// measurement (samples/s zero, negative or not a number: a run that failed or did not
+/// finish), are left out, so that a chart never draws a missing point as a value.
 pub fn parse_csv(text: &str) -> Vec<Record> {
     text.lines()
         .skip(1)
         .filter_map(|line| {
             let f: Vec<&str> = line.split(',').collect();
+            let samples_per_s: f64 = f.get(5)?.parse().ok()?;
+            (samples_per_s.is_finite() && samples_per_s > 0.0).then_some(())?;
             Some((
                 f.get(1)?.to_string(),
                 format!("{}: {}", f.first()?, f.get(3)?),
                 f.get(2)?.parse().ok()?,
-                f.get(5)?.parse().ok()?,
+                samples_per_s,
             ))
         })
         .collect()
