@@ -8,7 +8,7 @@
 //! before any result is read: the outputs of some pieces, and of the whole batch, are wrong
 //! by the size of the values, whether or not the chain follows and whether or not the runs
 //! share their parameter tensors; each forward read before the next is queued is right, and
-//! so is `CubeBackend<CudaRuntime, f16>` (no fusion) throughout (`benches/RESULTS.md`, 2026-11-30, sixth session). So the
+//! so is `CubeBackend<CudaRuntime, f16>` (no fusion) throughout (`benches/RESULTS.md`, 2026-11-30, `1f6cee2`). So the
 //! `Fusion` tests are ignored and the suite stays green; run them to see whether a Burn
 //! upgrade fixes the fault (one line per case, then the failures):
 //!

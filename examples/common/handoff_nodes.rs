@@ -5,7 +5,7 @@
 //!
 //! In Burn 0.21 this form hangs: the nodes connect to the orchestrator and exchange the
 //! first gradients, then wait forever, with the global all-reduce strategy centralized,
-//! a binary tree or a ring (`benches/RESULTS.md`, 2026-12-01, tenth session). The threads
+//! a binary tree or a ring (`benches/RESULTS.md`, 2026-12-01, `c2f3908`). The threads
 //! of `handoff.rs` work. [`run_processes`] bounds the wait and fails with the nodes' state.
 
 use std::path::{Path, PathBuf};
