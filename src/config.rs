@@ -45,7 +45,7 @@ pub struct DataParallelConfig {
     /// by default), and largest bucket of the overlapped gradient reduce
     /// ([`overlap_reduce`](Self::overlap_reduce)). Zero moves every parameter on its own.
     /// Replicas on the parameters' device never copy them.
-    #[config(default = 26214400)]
+    #[config(default = "crate::DEFAULT_BUCKET_SIZE")]
     pub bucket_size: usize,
     /// Whether every step records a [`StepProfile`](crate::StepProfile) (see
     /// [`DataParallel::set_profiling`](crate::DataParallel::set_profiling)).
