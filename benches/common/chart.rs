@@ -322,7 +322,7 @@ pub fn scaling(records: &[Record], per_replica: bool, title: &str) -> String {
                 .draw_series(points.iter().map(|&p| Circle::new(p, 3, color(s).filled())))
                 .expect("points");
             // A measured point near the axis reads as its value, not as a missing run at 0.
-            let small = TextStyle::from(("sans-serif", 11).into_font().color(&color(s)));
+            let small = ("sans-serif", 11).into_font().color(&color(s));
             chart
                 .draw_series(points.iter().filter(|p| p.1 < 0.1).map(|&(x, y)| {
                     Text::new(
