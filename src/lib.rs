@@ -54,6 +54,17 @@
 //!   custom backward steps under `Autodiff`. Tensors in inputs and outputs therefore need a
 //!   [`ConcatBackend`]; [`DataParallelBackend`] is the bound for generic training code.
 //!
+//! # Which forward to call
+//!
+//! | call | when | a failure comes back as |
+//! |---|---|---|
+//! | [`DataParallel::forward`] | the model implements [`Forward`]: `dp.forward(x)` where the bare model has `model.forward(x)` | a panic with the error's message |
+//! | [`DataParallel::try_forward`] | the same, handling the error | a [`DataParallelError`] |
+//! | [`DataParallel::forward_with`] | any closure over a replica and its shard: a loss inside the replicas, a model without [`Forward`] | a panic with the error's message |
+//! | [`DataParallel::try_forward_with`] | the same, handling the error | a [`DataParallelError`] |
+//! | [`DataParallel::try_forward_fallible`] | a closure that can fail itself (`Result<O, E>`) | [`DataParallelError::ReplicaFailed`] holding the `E` |
+//! | burn-train's `TrainStep` / `InferenceStep` | the wrapper handed to the `Learner` | a panic (burn-train's steps have no error channel) |
+//!
 //! # Semantics
 //!
 //! - Shards are as even as possible (sizes differ by at most one, larger first), or follow
