@@ -12,7 +12,7 @@ use crate::error::DataParallelError;
 
 /// How a model's own training step reduces its loss over the batch, which says how the
 /// wrapper combines the replicas' gradients under burn-train's `Learner`
-/// ([`DataParallelConfig::loss_reduction`]).
+/// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum LossReduction {
     /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
