@@ -108,3 +108,101 @@ backend_tests! {
     single_backward_keeps_every_gradient_two => replica_backwards_keep_every_gradient(2, 1500, false);
     single_backward_keeps_every_gradient_four => replica_backwards_keep_every_gradient(4, 750, false);
 }
+
+/// The Learner path under the same stress: rounds of the wrapper's `TrainStep::step` (every
+/// replica's own step, its `loss.backward()` on its lane) with the loops above running beside
+/// it, every gradient of every round against the bare model's own step on the same batch.
+/// `parallel` false takes the replicas' steps one at a time, as on `Fusion`.
+#[cfg(feature = "train")]
+fn train_steps_case<B: DataParallelBackend>(rounds: usize, parallel: bool) {
+    use burn::data::dataloader::batcher::Batcher;
+    use burn::module::{Module, ModuleVisitor, Param, ParamId};
+    use burn::optim::GradientsParams;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::train::TrainStep;
+
+    use crate::learner::{ImageBatcher, items};
+    use crate::learner_steps::{Custom, Heads};
+
+    /// Every gradient of `grads` for `module`'s parameters, in visiting order.
+    fn collect<B: AutodiffBackend, M: Module<B>>(
+        module: &M,
+        grads: &GradientsParams,
+    ) -> Vec<(ParamId, Vec<f32>)> {
+        struct Collect<'a> {
+            grads: &'a GradientsParams,
+            out: Vec<(ParamId, Vec<f32>)>,
+        }
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                    self.out
+                        .push((param.id, values(Tensor::<B, D>::from_inner(grad))));
+                }
+            }
+        }
+        let mut visitor = Collect {
+            grads,
+            out: Vec::new(),
+        };
+        module.visit(&mut visitor);
+        visitor.out
+    }
+
+    let device = Default::default();
+    let dp = DataParallelConfig::new()
+        .with_parallel_backward(parallel)
+        .init(Heads::<B>::new(Custom::Penalty, &device), devices::<B>(3))
+        .unwrap();
+    let bare = dp.module().clone();
+    // Seven items over three replicas (3, 2, 2), the same batch every round.
+    let batch = ImageBatcher.batch(items(7, 3), &device);
+    let expected = collect(&bare, &TrainStep::step(&bare, batch.clone()).grads);
+    // The body's and the head's weight and bias (the auxiliary head is unused here).
+    assert_eq!(expected.len(), 4, "every used parameter has a gradient");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bare_lost = Arc::new(AtomicUsize::new(0));
+    let beside = vec![
+        {
+            let (stop, lost) = (stop.clone(), bare_lost.clone());
+            std::thread::spawn(move || victim_loop::<B>(stop, lost))
+        },
+        {
+            let stop = stop.clone();
+            std::thread::spawn(move || sweeper_loop::<B>(stop))
+        },
+    ];
+    let mut failed = Vec::new();
+    for round in 0..rounds {
+        let output = TrainStep::step(&dp, batch.clone());
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert_grads_close(&collect(dp.module(), &output.grads), &expected);
+        }));
+        if outcome.is_err() {
+            failed.push(round);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in beside {
+        thread.join().expect("the loop beside");
+    }
+    eprintln!(
+        "{rounds} train steps over 3 replicas: {} with a wrong or missing gradient; the bare \
+         loop beside them lost a gradient {} times",
+        failed.len(),
+        bare_lost.load(Ordering::Relaxed)
+    );
+    assert!(failed.is_empty(), "rounds with a lost gradient: {failed:?}");
+}
+
+/// The Learner path's cases, in a module of their own (one `backend_tests!` per module).
+#[cfg(feature = "train")]
+mod learner_path {
+    use super::*;
+
+    backend_tests! {
+        train_steps_keep_every_gradient => train_steps_case(500, true);
+        train_steps_one_at_a_time_keep_every_gradient => train_steps_case(500, false);
+    }
+}
