@@ -40,6 +40,47 @@ fn sweeper_loop<B: DataParallelBackend>(stop: Arc<AtomicBool>) {
     }
 }
 
+/// Runs `rounds` rounds with the victim and sweeper loops running beside them: each round
+/// computes its gradients (`round`) and returns the checks of them, which are caught, so that
+/// every wrong round is counted. Prints the count beside the bare loop's lost gradients and
+/// fails on any wrong round.
+fn under_stress<B: DataParallelBackend, C: FnOnce()>(
+    what: &str,
+    rounds: usize,
+    mut round: impl FnMut() -> C,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bare_lost = Arc::new(AtomicUsize::new(0));
+    let beside = vec![
+        {
+            let (stop, lost) = (stop.clone(), bare_lost.clone());
+            std::thread::spawn(move || victim_loop::<B>(stop, lost))
+        },
+        {
+            let stop = stop.clone();
+            std::thread::spawn(move || sweeper_loop::<B>(stop))
+        },
+    ];
+    let mut failed = Vec::new();
+    for index in 0..rounds {
+        let checks = round();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(checks)).is_err() {
+            failed.push(index);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in beside {
+        thread.join().expect("the loop beside");
+    }
+    eprintln!(
+        "{rounds} {what}: {} with a wrong or missing gradient; the bare loop beside them lost a \
+         gradient {} times",
+        failed.len(),
+        bare_lost.load(Ordering::Relaxed)
+    );
+    assert!(failed.is_empty(), "rounds with a lost gradient: {failed:?}");
+}
+
 /// `parallel`: the replicas' backwards on their workers (per-replica graphs); otherwise the
 /// single backward on the calling thread, one graph that the replicas' forwards build from
 /// their threads (what `Fusion` always runs).
@@ -63,43 +104,17 @@ fn replica_backwards_keep_every_gradient<B: DataParallelBackend>(
     let expected_grads = loss(bare.forward(x.clone())).backward();
     let expected = param_grads(&bare, &expected_grads);
     let expected_input = values(x.grad(&expected_grads).expect("input gradient"));
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let bare_lost = Arc::new(AtomicUsize::new(0));
-    let beside = vec![
-        {
-            let (stop, lost) = (stop.clone(), bare_lost.clone());
-            std::thread::spawn(move || victim_loop::<B>(stop, lost))
-        },
-        {
-            let stop = stop.clone();
-            std::thread::spawn(move || sweeper_loop::<B>(stop))
-        },
-    ];
-    let mut failed = Vec::new();
-    for round in 0..rounds {
+    let what = format!("rounds of {replicas} replicas");
+    under_stress::<B, _>(&what, rounds, || {
         let output = dp.forward_with(x.clone(), |m, x| m.forward(x));
         let grads = loss(output).backward();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            assert_grads_close(&param_grads(dp.module(), &grads), &expected);
+        let (dp, x, expected, expected_input) = (&dp, &x, &expected, &expected_input);
+        move || {
+            assert_grads_close(&param_grads(dp.module(), &grads), expected);
             let input = x.grad(&grads).expect("input gradient");
-            assert_close(&values(input), &expected_input, "input gradient");
-        }));
-        if outcome.is_err() {
-            failed.push(round);
+            assert_close(&values(input), expected_input, "input gradient");
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for thread in beside {
-        thread.join().expect("the loop beside");
-    }
-    eprintln!(
-        "{rounds} rounds of {replicas} replicas: {} with a wrong or missing gradient; the bare \
-         loop beside them lost a gradient {} times",
-        failed.len(),
-        bare_lost.load(Ordering::Relaxed)
-    );
-    assert!(failed.is_empty(), "rounds with a lost gradient: {failed:?}");
+    });
 }
 
 backend_tests! {
@@ -160,40 +175,11 @@ fn train_steps_case<B: DataParallelBackend>(rounds: usize, parallel: bool) {
     let expected = collect(&bare, &TrainStep::step(&bare, batch.clone()).grads);
     // The body's and the head's weight and bias (the auxiliary head is unused here).
     assert_eq!(expected.len(), 4, "every used parameter has a gradient");
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let bare_lost = Arc::new(AtomicUsize::new(0));
-    let beside = vec![
-        {
-            let (stop, lost) = (stop.clone(), bare_lost.clone());
-            std::thread::spawn(move || victim_loop::<B>(stop, lost))
-        },
-        {
-            let stop = stop.clone();
-            std::thread::spawn(move || sweeper_loop::<B>(stop))
-        },
-    ];
-    let mut failed = Vec::new();
-    for round in 0..rounds {
+    under_stress::<B, _>("train steps over 3 replicas", rounds, || {
         let output = TrainStep::step(&dp, batch.clone());
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            assert_grads_close(&collect(dp.module(), &output.grads), &expected);
-        }));
-        if outcome.is_err() {
-            failed.push(round);
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for thread in beside {
-        thread.join().expect("the loop beside");
-    }
-    eprintln!(
-        "{rounds} train steps over 3 replicas: {} with a wrong or missing gradient; the bare \
-         loop beside them lost a gradient {} times",
-        failed.len(),
-        bare_lost.load(Ordering::Relaxed)
-    );
-    assert!(failed.is_empty(), "rounds with a lost gradient: {failed:?}");
+        let (dp, expected) = (&dp, &expected);
+        move || assert_grads_close(&collect(dp.module(), &output.grads), expected)
+    });
 }
 
 /// The Learner path's cases, in a module of their own (one `backend_tests!` per module).
