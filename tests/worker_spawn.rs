@@ -7,6 +7,8 @@
 //! `RLIMIT_AS`, Windows has none) and no `/proc`: the error's own test and the accumulation's
 //! gradients still run there, without the thread count.
 
+mod common;
+
 use std::sync::Mutex;
 
 use burn::backend::{Autodiff, Flex};
@@ -17,16 +19,24 @@ use burn_dataparallel::{DataParallel, DataParallelError};
 /// Held by each test: none starts threads while another counts them or limits them.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The process's thread count, where the platform tells it.
-fn threads() -> Option<usize> {
+/// The number after `field` (`Threads:`, `VmSize:`) in `/proc/self/status`, on Linux.
+fn status(field: &str) -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find(|l| l.starts_with("Threads:"))?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
         line.split_whitespace().nth(1)?.parse().ok()
     }
     #[cfg(not(target_os = "linux"))]
-    None
+    {
+        let _ = field;
+        None
+    }
+}
+
+/// The process's thread count, where the platform tells it.
+fn threads() -> Option<usize> {
+    status("Threads:").map(|n| n as usize)
 }
 
 /// Waits up to ten seconds for the thread count to fall to `limit`; the count then.
@@ -47,6 +57,12 @@ fn settle(limit: usize) -> usize {
 #[test]
 fn accumulation_leaves_no_thread_behind() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Under the tests' watchdog: a backward that never returns fails in bounded time (its
+    // thread is counted in the baseline, taken inside the body).
+    common::within("accumulation_leaves_no_thread_behind", accumulation_steps);
+}
+
+fn accumulation_steps() {
     type B = Autodiff<Flex>;
     let device = Default::default();
     let model: Linear<B> = LinearConfig::new(4, 2).init(&device);
@@ -100,7 +116,7 @@ mod linux {
     use burn::nn::Relu;
     use burn_dataparallel::{DataParallel, DataParallelError};
 
-    use super::ONE_AT_A_TIME;
+    use super::{ONE_AT_A_TIME, status};
 
     fn address_space_limit() -> libc::rlimit {
         let mut limit = libc::rlimit {
@@ -112,10 +128,7 @@ mod linux {
     }
 
     fn virtual_memory_bytes() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
-        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        kib * 1024
+        status("VmSize:").expect("VmSize in /proc/self/status") * 1024
     }
 
     #[test]
