@@ -209,7 +209,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of [`Scatter::batch_size`], [`DataParallelError::NothingToScatter`] when `input`
     /// holds no tensor, and [`DataParallelError::EmptyBatch`] when its batch is empty.
     pub fn shards<I: Scatter<B>>(&self, input: &I) -> Result<Shards<B>, DataParallelError> {
-        crate::step::shards(&self.settings, input)
+        step::shards(&self.settings, input)
     }
 
     /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
