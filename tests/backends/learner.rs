@@ -3,7 +3,6 @@
 use burn::data::dataloader::{DataLoaderBuilder, batcher::Batcher};
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
-use burn::optim::AdamConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::train::metric::{AccuracyMetric, LossMetric};
@@ -142,7 +141,7 @@ fn learner_matches_bare<B: DataParallelBackend>() {
         .with_application_logger(None)
         .renderer(Silent)
         .num_epochs(2)
-        .launch(Learner::new(bare, AdamConfig::new().init(), 1e-2))
+        .launch(Learner::new(bare, adam().init(), 1e-2))
         .model;
 
     let (train, valid) = loaders();
@@ -152,7 +151,7 @@ fn learner_matches_bare<B: DataParallelBackend>() {
         .with_application_logger(None)
         .renderer(Silent)
         .num_epochs(2)
-        .launch(Learner::new(dp, AdamConfig::new().init(), 1e-2))
+        .launch(Learner::new(dp, adam().init(), 1e-2))
         .model;
 
     assert_eq!(trained_dp.replica_devices().len(), 3);

@@ -3,7 +3,7 @@
 use crate::common::*;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_dataparallel::DataParallelBackend;
@@ -56,7 +56,7 @@ fn sgd_steps_match_bare<B: DataParallelBackend>() {
 
 fn adam_steps_match_bare<B: DataParallelBackend>() {
     relax_for_adam();
-    let config = AdamConfig::new();
+    let config = adam();
     optimizer_steps_match_bare::<B>(config.init(), config.init());
 }
 
@@ -67,8 +67,8 @@ fn optimizer_state_carries_over_to_the_bare_model<B: DataParallelBackend>() {
     let device = Default::default();
     let mut dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), devices::<B>(2)).unwrap();
     let mut bare = copy_of(dp.module());
-    let mut optim_bare = AdamConfig::new().init::<B, Mlp<B>>();
-    let mut optim_dp = AdamConfig::new().init::<B, DataParallel<B, Mlp<B>>>();
+    let mut optim_bare = adam().init::<B, Mlp<B>>();
+    let mut optim_dp = adam().init::<B, DataParallel<B, Mlp<B>>>();
     let data = batches::<B>(3);
 
     for (x, y) in data.iter().cloned() {
@@ -80,7 +80,7 @@ fn optimizer_state_carries_over_to_the_bare_model<B: DataParallelBackend>() {
         let grads = GradientsParams::from_grads(loss.backward(), &dp);
         dp = optim_dp.step(0.05, dp, grads);
     }
-    let mut optim = AdamConfig::new().init::<B, Mlp<B>>();
+    let mut optim = adam().init::<B, Mlp<B>>();
     optim = optim.load_record(optim_dp.to_record());
     let mut unwrapped = dp.into_inner();
     let (x, y) = data[2].clone();

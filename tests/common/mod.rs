@@ -5,7 +5,7 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
 use burn::nn::{
-    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Linear, LinearConfig, PaddingConfig2d, Relu,
+    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Gelu, Linear, LinearConfig, PaddingConfig2d,
 };
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData};
@@ -44,16 +44,21 @@ pub type CubeAd =
 /// each calling `body::<Backend>(args)`. Attributes written before `name` apply to the Flex
 /// variant only.
 ///
+/// `name => body(args), fusion_fails = "reason";` marks a known fault of Burn 0.21's Fusion
+/// backend: `cuda_fusion::name` is ignored with that reason (listed as ignored in every run,
+/// run with `--ignored`; `scripts/gpu-check.sh` runs them to see whether they still fail), the
+/// other backends run it as usual.
+///
 /// Every body runs under [`within`]: a test that hangs fails after a bounded time.
 #[macro_export]
 macro_rules! backend_tests {
     // One CUDA backend's module: its tolerance is set on the test thread first.
     (@cuda $module:ident, $tolerance:ident, $backend:ident;
-        $($name:ident => $body:ident ( $($arg:expr),* );)*) => {
+        $($name:ident => $body:ident ( $($arg:expr),* ) $([$reason:literal])?;)*) => {
         #[cfg(feature = "cuda")]
         mod $module {
             use super::*;
-            $(#[test] fn $name() {
+            $(#[test] $(#[ignore = $reason])? fn $name() {
                 $crate::common::within(stringify!($name), || {
                     $crate::common::set_tolerance($crate::common::$tolerance);
                     $body::<$crate::common::$backend>($($arg),*)
@@ -61,7 +66,8 @@ macro_rules! backend_tests {
             })*
         }
     };
-    ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* );)*) => {
+    ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* )
+        $(, fusion_fails = $reason:literal)?;)*) => {
         mod flex {
             use super::*;
             $(#[test] $(#[$flex])* fn $name() {
@@ -79,7 +85,7 @@ macro_rules! backend_tests {
             })*
         }
         $crate::backend_tests!(@cuda cuda_fusion, TF32_TOLERANCE, CudaAd;
-            $($name => $body($($arg),*);)*);
+            $($name => $body($($arg),*) $([$reason])?;)*);
         $crate::backend_tests!(@cuda cuda_cube, TF32_TOLERANCE, CubeAd;
             $($name => $body($($arg),*);)*);
         $crate::backend_tests!(@cuda cuda_cube_half, HALF_TOLERANCE, CubeHalfAd;
@@ -124,10 +130,19 @@ pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
 }
 
 /// A two-layer perceptron.
+///
+/// The test models use GELU, not ReLU: their gradients are compared with a single-device run,
+/// and ReLU's gradient jumps at zero. On CUDA the shards' and the whole batch's products round
+/// differently (TF32, see [`TF32_TOLERANCE`]), so a pre-activation within about 1e-3 of zero
+/// can be positive in one run and negative in the other; that one position then moves a whole
+/// output channel's weight gradient by a few percent (seen as `conv_net_seven_over_three`
+/// failing in one channel's 27 elements in 2 of 17 runs on an H200, the other 81 exact). A
+/// smooth activation keeps the gradient within rounding of the reference, while a lost or
+/// doubled replica contribution still differs by orders of magnitude more.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     pub hidden: Linear<B>,
-    pub activation: Relu,
+    pub activation: Gelu,
     pub output: Linear<B>,
 }
 
@@ -135,7 +150,7 @@ impl<B: Backend> Mlp<B> {
     pub fn new(inputs: usize, hidden: usize, outputs: usize, device: &B::Device) -> Self {
         Self {
             hidden: LinearConfig::new(inputs, hidden).init(device),
-            activation: Relu::new(),
+            activation: Gelu::new(),
             output: LinearConfig::new(hidden, outputs).init(device),
         }
     }
@@ -159,7 +174,7 @@ impl<B: burn_dataparallel::ConcatBackend> Forward<B> for Mlp<B> {
 #[derive(Module, Debug)]
 pub struct ConvNet<B: Backend> {
     pub conv: Conv2d<B>,
-    pub activation: Relu,
+    pub activation: Gelu,
     pub pool: AdaptiveAvgPool2d,
     pub head: Linear<B>,
 }
@@ -170,7 +185,7 @@ impl<B: Backend> ConvNet<B> {
             conv: Conv2dConfig::new([3, 4], [3, 3])
                 .with_padding(PaddingConfig2d::Same)
                 .init(device),
-            activation: Relu::new(),
+            activation: Gelu::new(),
             pool: AdaptiveAvgPool2dConfig::new([2, 2]).init(),
             head: LinearConfig::new(16, 3).init(device),
         }
@@ -189,7 +204,7 @@ impl<B: Backend> ConvNet<B> {
 pub struct BnNet<B: Backend> {
     pub hidden: Linear<B>,
     pub norm: BatchNorm<B>,
-    pub activation: Relu,
+    pub activation: Gelu,
     pub dropout: Dropout,
     pub output: Linear<B>,
 }
@@ -199,7 +214,7 @@ impl<B: Backend> BnNet<B> {
         Self {
             hidden: LinearConfig::new(8, 16).init(device),
             norm: BatchNormConfig::new(16).init(device),
-            activation: Relu::new(),
+            activation: Gelu::new(),
             dropout: DropoutConfig::new(dropout).init(),
             output: LinearConfig::new(16, 4).init(device),
         }
@@ -266,10 +281,28 @@ pub const TF32_TOLERANCE: f32 = 2e-3;
 /// than the whole batch's).
 pub const HALF_TOLERANCE: f32 = 1e-2;
 
-/// Relative tolerance for parameters after several Adam steps on CUDA. Adam divides each
-/// gradient element by its running RMS, so a TF32 rounding difference in a near-zero gradient
-/// element can move that parameter by up to the learning rate per step. Measured on an H200:
-/// 3.6e-3 after three steps (lr 0.05), 1.2e-2 after two Learner epochs (lr 1e-2).
+/// The Adam every test trains with: Burn's defaults but `epsilon = 1e-2`.
+///
+/// Adam moves a parameter by `lr * m / (sqrt(v) + epsilon)`; a gradient error `d` in an
+/// element changes that step by up to `lr * d / epsilon`. With Burn's default `epsilon = 1e-5`
+/// and `lr = 2e-2` that is 2,000 times the error: a rounding difference of 1e-4 in a near-zero
+/// gradient element (the shards' sums run in another order than the whole batch's, and on
+/// CUDA through TF32) becomes a full step of `lr` in either direction, so the parameters after
+/// a few epochs differ by several percent with nothing wrong (measured on an H200: 4-15 %
+/// after two or three Learner epochs in 6 of 20 runs; on the CPU 2e-4 in 2 of 366 runs). With
+/// `epsilon = 1e-2` the gain is at most `lr / 1e-2` (1 to 5 for the tests' rates), so the
+/// parameters stay within a few rounding errors of the reference times the number of steps,
+/// while Adam's state (moments, bias correction by step count) still drives every step and a
+/// lost or doubled replica contribution, an error of the gradient's own size, still moves the
+/// parameters by about `lr` per step.
+pub fn adam() -> burn::optim::AdamConfig {
+    burn::optim::AdamConfig::new().with_epsilon(1e-2)
+}
+
+/// Relative tolerance for parameters after several [`adam`] steps on CUDA: TF32's error in a
+/// gradient (about 1e-3 of its largest element) times Adam's gain with [`adam`]'s epsilon
+/// (`lr / epsilon`) times the steps, at worst 2.4e-2 among the tests (12 Learner steps at
+/// `lr = 2e-2`; 3 steps at `lr = 5e-2` give 1.5e-2).
 pub const TF32_ADAM_TOLERANCE: f32 = 3e-2;
 
 /// Widens the tolerance to [`TF32_ADAM_TOLERANCE`] on CUDA (where the tolerance is TF32's);
