@@ -20,8 +20,9 @@
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
 # alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs),
-# the CubeBackend suite SUITE_RUNS times (10) and the Fusion suite FUSION_RUNS times (1), each
-# in a fresh process, none started after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
+# the CubeBackend suite SUITE_RUNS times (10) and the Fusion suite FUSION_RUNS times (1, a
+# process per test file, then the expected failures), each in a fresh process, none started
+# after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
 # built from another commit) adds that build's controls, alternating with this one's;
 # BUNDLE=DIR runs another bundle than gpu-bundle/.
 #
@@ -29,7 +30,7 @@
 # autotune caches in gpu-bundle/work/; both are ignored by git. A run writes those caches back
 # as LOG_DIR/aa-cubecl-cache.tgz.NN, parts of at most 15 MiB (a file coming back from the GPU
 # machine may have 16 MiB; "aa-" sorts them before the logs, since at most 8 files come back).
-# (SAVE_CACHE=0 skips writing them.)
+# (SAVE_CACHE=0 skips writing them; FRESH_CACHES=1 ignores the carried ones.)
 # Copy the parts into gpu-cache/ (also ignored) and carry it with the binaries the mode needs,
 # e.g. carry ["gpu-bundle/train_step.xz", "gpu-bundle/cubecl.toml", "gpu-cache"]: binaries
 # that did not travel are skipped. An older single gpu-bundle/cubecl-cache.tar.gz is read too.
@@ -168,9 +169,13 @@ run() {
     logs=$(realpath "${1:?usage: gpu-check.sh run LOG_DIR}")
     mkdir -p "$logs"
     local work="$BUNDLE/work"
+    # FRESH_CACHES=1 starts from empty CubeCL caches (what a first run on a new machine meets).
+    [ "${FRESH_CACHES:-0}" = 0 ] || rm -rf "$work"
     mkdir -p "$work"
     cp "$BUNDLE/cubecl.toml" "$work/"
-    if compgen -G "gpu-cache/aa-cubecl-cache.tgz.*" >/dev/null; then
+    if [ "${FRESH_CACHES:-0}" != 0 ]; then
+        echo "fresh CubeCL caches"
+    elif compgen -G "gpu-cache/aa-cubecl-cache.tgz.*" >/dev/null; then
         cat gpu-cache/aa-cubecl-cache.tgz.* | tar xzf - -C "$work"
     elif [ -f "$BUNDLE/cubecl-cache.tar.gz" ]; then
         tar xzf "$BUNDLE/cubecl-cache.tar.gz" -C "$work"
@@ -316,10 +321,29 @@ run() {
             [ "$SECONDS" -lt "$deadline" ] || break
             step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
         done
+        # The Fusion suite one test file (module) per process, so that a fault that leaves
+        # Fusion's server unusable fails its own module only; then the tests marked
+        # `fusion_fails` (ignored), to see whether Burn's faults still fail them.
+        local names modules module
+        names=$(cd "$work" && ./backends --list 2>/dev/null | sed -n 's/: test$//p' |
+            grep 'cuda_fusion::') || true
+        modules=$(sed 's/::.*//' <<<"$names" | sort -u)
         for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
-            [ "$SECONDS" -lt "$deadline" ] || break
-            step "suite-fusion-$run" "$tests_limit" ./backends --test-threads=1 cuda_fusion::
+            for module in $modules; do
+                [ "$SECONDS" -lt "$deadline" ] || break
+                # shellcheck disable=SC2046 # one argument per test name
+                step "suite-fusion-$run-$module" "$tests_limit" ./backends --test-threads=1 \
+                    --exact $(grep "^$module::" <<<"$names")
+            done
         done
+        local expected
+        expected=$(cd "$work" && ./backends --list --ignored 2>/dev/null |
+            sed -n 's/: test$//p' | grep 'cuda_fusion::') || true
+        if [ -n "$expected" ] && [ "$SECONDS" -lt "$deadline" ]; then
+            # shellcheck disable=SC2046 # one argument per test name
+            step "suite-fusion-expected" "$tests_limit" ./backends --test-threads=1 --ignored \
+                --exact $expected
+        fi
     fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"
@@ -361,6 +385,8 @@ run() {
             grep -E '^test .* (FAILED|ok)$' "$logs/$name.log" | grep -c ' ok$' | sed 's/^/  passed: /' || true
         grep -E '^test .* FAILED$' "$logs/$name.log" | head -20 || true
     done
+    [ -f "$logs/suite-fusion-expected.log" ] && echo "  (suite-fusion-expected: Burn 0.21" \
+        "Fusion faults; FAILED is expected, ok means the fault is gone and its mark can go)"
     # half_precision prints one line per case (ok or FAIL), beside its tests' output.
     local cases=$logs/tests-cuda-half-backends.log
     [ -f "$cases" ] && echo "  half_precision cases: $(grep -c '^ok ' "$cases") ok," \
