@@ -35,6 +35,24 @@ pub enum DataParallelError {
         weight: f64,
     },
 
+    /// A scattered part's loss weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight))
+    /// is negative, infinite or NaN, or is missing while other parts state theirs.
+    #[error(
+        "shard {shard}'s loss weight is {}: loss weights must be finite and non-negative, and \
+         stated by every part of the input or by none",
+        .weight.map_or("not stated".to_string(), |w| w.to_string())
+    )]
+    InvalidLossWeight {
+        /// The shard whose part stated it.
+        shard: usize,
+        /// The weight stated, `None` when that part stated none.
+        weight: Option<f64>,
+    },
+
+    /// Every scattered part's loss weight is zero: the batch's mean loss is 0 / 0.
+    #[error("every shard's loss weight is zero: the batch's mean loss would be 0 / 0")]
+    ZeroLossWeights,
+
     /// The output device is not one of the devices.
     #[error("output device {device} is not one of the devices {devices}")]
     OutputDeviceNotListed {

@@ -53,9 +53,12 @@ pub trait Gather<B: Backend>: Sized {
 
 /// A per-replica mean (a loss with mean reduction) to combine as a mean over the whole batch.
 ///
-/// Gathering weights each replica's value by its shard size, so the result equals the mean
-/// over the whole batch even when shards are uneven (PyTorch's `DataParallel` returns a vector
-/// of per-replica losses whose plain `.mean()` does not).
+/// Gathering weights each replica's value by its shard's share of the batch
+/// ([`Shards::loss_shares`]), so the result equals the mean over the whole batch even when
+/// shards are uneven (PyTorch's `DataParallel` returns a vector of per-replica losses whose
+/// plain `.mean()` does not). The share is the shard's rows by default; a loss normalised by
+/// something else (class weights, masked tokens) needs the input to state each part's
+/// weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight)).
 ///
 /// # Shapes
 ///
@@ -129,13 +132,14 @@ impl<B: ConcatBackend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
         if outputs.len() == 1 {
             return Ok(Mean(outputs.into_iter().next().expect("one output")));
         }
-        let total = shards.batch_size() as f64;
+        // A shard of share zero adds nothing (its own mean may be 0 / 0).
         let weighted = outputs
             .into_iter()
-            .zip(shards.sizes())
-            .map(|(tensor, &size)| tensor.mul_scalar(size as f64 / total))
+            .zip(shards.loss_shares())
+            .filter(|&(_, share)| share != 0.0)
+            .map(|(tensor, share)| tensor.mul_scalar(share))
             .reduce(|sum, tensor| sum + tensor)
-            .expect("at least one output");
+            .expect("a share above zero");
         Ok(Mean(weighted))
     }
 }

@@ -33,16 +33,53 @@
 /// assert_eq!(parts.len(), 3);
 /// assert_eq!(parts[2].images.dims(), [2, 3, 8, 8]);
 /// ```
+///
+/// A loss that is not a plain mean over rows states each part's weight with
+/// `loss_weight = |part| ...` after the fields ([`Scatter::loss_weight`](crate::Scatter::loss_weight)):
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::{ElementConversion, Int, Tensor, backend::Backend};
+/// use burn_dataparallel::{Scatter, Shards, impl_scatter};
+///
+/// /// Tokens, with 1.0 where a token counts in the loss.
+/// #[derive(Debug, Clone)]
+/// struct Tokens<B: Backend> {
+///     ids: Tensor<B, 2, Int>,
+///     mask: Tensor<B, 2>,
+/// }
+/// // The loss is a mean over unmasked tokens: each part weighs its unmasked count.
+/// impl_scatter!(Tokens<B> { ids, mask }, loss_weight = |part| {
+///     part.mask.clone().sum().into_scalar().elem::<f64>()
+/// });
+///
+/// let device = Default::default();
+/// let mask = Tensor::<Flex, 2>::from_floats([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]], &device);
+/// let batch = Tokens::<Flex> { ids: Tensor::zeros([3, 2], &device), mask };
+/// let shards = Shards::<Flex>::new(3, &[device; 2], None, 0, device);
+/// let parts = batch.scatter(&shards);
+/// assert_eq!(parts[0].loss_weight(), Some(3.0));
+/// assert_eq!(parts[1].loss_weight(), Some(0.0));
+/// ```
 #[macro_export]
 macro_rules! impl_scatter {
-    ($name:ident < $backend:ident > { $($field:ident),+ $(,)? }) => {
+    ($name:ident < $backend:ident > { $($field:ident),+ $(,)? }
+        $(, loss_weight = $weight:expr)? $(,)?) => {
         impl<$backend: $crate::ConcatBackend> $crate::Scatter<$backend> for $name<$backend> {
             $crate::impl_scatter!(@body $backend; $($field),+);
+            $($crate::impl_scatter!(@weight $weight);)?
         }
     };
-    ($name:ident { $($field:ident),+ $(,)? }) => {
+    ($name:ident { $($field:ident),+ $(,)? } $(, loss_weight = $weight:expr)? $(,)?) => {
         impl<B: $crate::ConcatBackend> $crate::Scatter<B> for $name {
             $crate::impl_scatter!(@body B; $($field),+);
+            $($crate::impl_scatter!(@weight $weight);)?
+        }
+    };
+    (@weight $weight:expr) => {
+        fn loss_weight(&self) -> ::core::option::Option<f64> {
+            let weight: fn(&Self) -> f64 = $weight;
+            ::core::option::Option::Some(weight(self))
         }
     };
     (@body $backend:ident; $($field:ident),+) => {

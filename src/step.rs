@@ -51,6 +51,7 @@ where
         return step.run_module(module, input, forward);
     }
     let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
+    step.shards.weigh(&inputs)?;
     let links = step.links();
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(module, settings, own_states, links)

@@ -126,6 +126,7 @@ where
         return Ok(TrainStep::step(&dp.module, item));
     }
     let inputs = step.stage(Stage::Scatter, || item.scatter(&step.shards));
+    step.shards.weigh(&inputs)?;
     let own = dp.own_states.or(Some(own_states::<B, M>));
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(&dp.module, settings, own, Links::Independent)
@@ -155,7 +156,7 @@ where
         .map(|output| (output.grads, output.item))
         .unzip();
     let weights = match dp.settings.loss_reduction {
-        LossReduction::Mean => Some(combine::share(&step.shards)),
+        LossReduction::Mean => Some(step.shards.loss_shares()),
         LossReduction::Sum => None,
     };
     let grads = step.stage(Stage::Gather, || {

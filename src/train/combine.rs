@@ -11,7 +11,6 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::backend::ConcatBackend;
 use crate::backend::comm::{self, Combine, Target};
-use crate::shards::Shards;
 
 /// Lays every gradient of `replica`'s parameters in `grads` out contiguously, on the
 /// replica's worker, so that the combine on the calling thread flattens them for free
@@ -28,14 +27,9 @@ pub(super) fn make_contiguous<B: AutodiffBackend, M: Module<B>>(
     });
 }
 
-/// Each shard's share of the batch.
-pub(super) fn share<B: ConcatBackend>(shards: &Shards<B>) -> Vec<f64> {
-    let total = shards.batch_size() as f64;
-    shards.sizes().iter().map(|&n| n as f64 / total).collect()
-}
-
 /// The replicas' gradients of `module`'s parameters, combined on the parameters' devices:
-/// replica `r`'s scaled by `weights[r]` when given, then summed.
+/// replica `r`'s scaled by `weights[r]` when given, then summed. A replica of weight zero
+/// adds nothing (its own mean loss may be 0 / 0, its gradients NaN).
 pub(super) fn combine<B: AutodiffBackend, M: Module<B>>(
     module: &M,
     mut replicas: Vec<GradientsParams>,
@@ -44,6 +38,13 @@ pub(super) fn combine<B: AutodiffBackend, M: Module<B>>(
 where
     B::InnerBackend: ConcatBackend,
 {
+    if let Some(weights) = weights {
+        for (replica, &weight) in replicas.iter_mut().zip(weights) {
+            if weight == 0.0 {
+                *replica = GradientsParams::new();
+            }
+        }
+    }
     let mut take = Take::<B> {
         replicas: &mut replicas,
         grads: Vec::new(),

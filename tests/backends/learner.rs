@@ -64,8 +64,8 @@ impl<B: burn_dataparallel::ConcatBackend> Forward<B> for ConvNet<B> {
 
 #[derive(Debug, Clone)]
 pub struct Item {
-    image: Vec<f32>,
-    label: i64,
+    pub image: Vec<f32>,
+    pub label: i64,
 }
 
 /// `count` 3x6x6 images: a bright 2x2 block whose position gives the label, plus noise from a

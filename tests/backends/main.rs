@@ -17,6 +17,8 @@ mod graphs;
 mod learner;
 #[cfg(feature = "train")]
 mod learner_steps;
+#[cfg(feature = "train")]
+mod loss_weights;
 mod overlap;
 mod races;
 mod side_inputs;

@@ -260,11 +260,19 @@ pub fn relative_error(actual: &[f32], expected: &[f32]) -> f32 {
     max_difference(actual, expected) / scale
 }
 
+/// The largest elementwise difference; infinite where one side is NaN or infinite and the
+/// other is not the same (`f32::max` would skip a NaN and call a NaN result close).
 fn max_difference(actual: &[f32], expected: &[f32]) -> f32 {
-    actual
-        .iter()
-        .zip(expected)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+    actual.iter().zip(expected).fold(0f32, |m, (a, b)| {
+        let difference = match a == b {
+            true => 0.0,
+            false => (a - b).abs(),
+        };
+        m.max(match difference.is_finite() {
+            true => difference,
+            false => f32::INFINITY,
+        })
+    })
 }
 
 /// Relative tolerance for comparisons with a single-device run in f32 on the CPU.

@@ -1,0 +1,142 @@
+//! Values given whole to every replica rather than split: [`Broadcast`] tensors, [`Shared`]
+//! values, and plain values (numbers, strings) that hold no tensor.
+
+use burn::tensor::{Tensor, backend::Backend};
+
+use super::Scatter;
+use crate::backend::{ConcatKind, Part, comm};
+use crate::error::DataParallelError;
+use crate::shards::Shards;
+
+/// A tensor given whole to every replica, on the replica's device, rather than split: a
+/// lookup table, a set of class prototypes, a learnable value used by every shard's loss.
+///
+/// Under `Autodiff`, the replicas' gradients of a tracked tensor are summed back into it, as
+/// for a parameter. This is the way for a replica's forward to use a tracked tensor that is
+/// not part of the batch: a tracked tensor captured by the forward closure instead is outside
+/// the replica's graph.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{Broadcast, DataParallel};
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
+/// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+/// let scale = Tensor::<B, 2>::ones([1, 3], &device).require_grad();
+/// let x = Tensor::<B, 2>::ones([6, 4], &device);
+/// let y = dp.forward_with((x, Broadcast(scale.clone())), |m, (x, Broadcast(s))| {
+///     m.forward(x) * s
+/// });
+/// let grads = y.sum().backward();
+/// assert_eq!(scale.grad(&grads).unwrap().dims(), [1, 3]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Broadcast<T>(pub T);
+
+impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tensor<B, D, K>> {
+    fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+        Ok(None)
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        let Broadcast(tensor) = self;
+        let value = match shards.graphs() {
+            Some(_) => K::detach(tensor.clone()),
+            None => tensor.clone(),
+        };
+        shards
+            .devices()
+            .iter()
+            .enumerate()
+            .map(|(replica, device)| {
+                let copy = comm::move_to(value.clone(), device);
+                Broadcast(match shards.graphs() {
+                    Some(graphs) => K::replica_leaf(copy, &tensor, graphs, replica, Part::Whole),
+                    None => {
+                        shards.join_later(&copy);
+                        copy
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// A value given unchanged to every replica.
+///
+/// Wrap any `Clone` value that is not a batch (a config, a lookup table, a flag) so that it can
+/// travel inside a scattered input.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{Scatter, Shared, Shards};
+///
+/// let device = Default::default();
+/// let input = (Tensor::<Flex, 1>::ones([4], &device), Shared(vec!["label"; 3]));
+/// let shards = Shards::<Flex>::new(4, &[device, device], None, 0, device);
+/// for (tensor, shared) in input.scatter(&shards) {
+///     assert_eq!(tensor.dims(), [2]);
+///     assert_eq!(shared.0.len(), 3);
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shared<T>(pub T);
+
+fn replicate_value<T: Clone, B: Backend>(value: T, shards: &Shards<B>) -> Vec<T> {
+    vec![value; shards.len()]
+}
+
+impl<B: Backend, T: Clone> Scatter<B> for Shared<T> {
+    fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+        Ok(None)
+    }
+
+    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+        replicate_value(self, shards)
+    }
+}
+
+macro_rules! scatter_shared {
+    ($($ty:ty),+) => {
+        $(
+            impl<B: Backend> Scatter<B> for $ty {
+                fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
+                    Ok(None)
+                }
+
+                fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+                    replicate_value(self, shards)
+                }
+            }
+        )+
+    };
+}
+
+scatter_shared!(
+    (),
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    isize,
+    f32,
+    f64,
+    String,
+    &'static str
+);
