@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! forward(input):                                   // step.rs
-//!   shards   = scatter(input, devices, dim)         // scatter.rs: split the batch, move each shard
+//!   shards   = scatter(input, devices, dim)         // scatter/: split the batch, move each shard
 //!   replicas = replicate(module, shard devices)     // replicate/: copies of the parameters
 //!   outputs  = parallel_apply(replicas, shards)     // parallel_apply.rs: one lane per device
 //!   gather(outputs, output_device, dim)             // gather.rs: differentiable concatenation
@@ -121,6 +121,7 @@ mod data_parallel;
 mod error;
 mod forward;
 mod gather;
+#[cfg(feature = "cubecl")]
 mod kernels;
 mod macros;
 mod module;

@@ -24,6 +24,7 @@
 
 mod autodiff;
 pub(crate) mod comm;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
 mod cpu;
 #[cfg(feature = "cubecl")]
 mod cubecl;

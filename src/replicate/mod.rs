@@ -75,7 +75,8 @@ pub(crate) enum Links<'a, B: Backend> {
     /// Leaves of each replica's own graph whose gradients go to the module's parameters.
     Graphs(&'a dyn ReplicaGraphs<B>),
     /// Fresh leaves of each replica's own graph, tied to nothing: the replica's own training
-    /// step computes their gradients.
+    /// step computes their gradients (burn-train's `TrainStep`, feature `train`).
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
     Independent,
 }
 
