@@ -1,7 +1,7 @@
 //! The hand-off from `DataParallel` to burn-collective's all-reduce, shared by
-//! `examples/ddp_handoff.rs` and `tests/ddp_handoff.rs`: the model and its data, training
-//! through the wrapper, the checkpoint, and the peers (threads of one process) that continue
-//! from it. `handoff_nodes.rs` runs the peers as processes.
+//! `examples/ddp_handoff.rs`, `tests/ddp_handoff.rs` and the `multinode/` workspace: the model
+//! and its data, training through the wrapper, the checkpoint, and the peers (threads of one
+//! process) that continue from it. `multinode/src/nodes.rs` runs the peers as processes.
 
 use std::path::Path;
 
@@ -14,7 +14,7 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
 use burn::record::{DefaultFileRecorder, FullPrecisionSettings, RecorderError};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
 use burn_dataparallel::{ConcatBackend, DataParallel, DataParallelBackend, Forward};
 
 /// A small classifier of points in 8 dimensions into 4 classes.
@@ -305,4 +305,98 @@ pub fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
         .max(f32::MIN_POSITIVE);
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
+}
+
+/// The hand-off tests' data: `BATCHES` global batches of `ROWS` rows (equal slices for 2, 3
+/// and 4 peers and replicas), the first `HALF` trained through the wrapper, the rest after
+/// the hand-off.
+pub const BATCHES: usize = 12;
+pub const ROWS: usize = 12;
+pub const HALF: usize = 6;
+
+/// The first half of a hand-off test: `HALF` steps through the wrapper (three replicas), and
+/// the checkpoint saved as `dir/classifier`. Returns the batches and the saved parameters.
+pub fn first_half<B: DataParallelBackend>(
+    device: &B::Device,
+    optim: Optim,
+    dir: &Path,
+) -> (Vec<Batch>, Vec<f32>) {
+    let all = batches(BATCHES, ROWS);
+    let model = Classifier::<B>::new(device);
+    let (model, _) = train_data_parallel(model, vec![device.clone(); 3], &all[..HALF], optim);
+    let saved = parameters(&model);
+    save(model, &dir.join("classifier")).expect("save");
+    (all, saved)
+}
+
+/// Two global all-reduces one after the other on one node (`num_nodes(1)`), with
+/// burn-collective's orchestrator started in this process on the loopback interface: what
+/// every multi-node step does, reduced to its barrier. Each must return the tensor itself
+/// (the mean over one node) within `limit`.
+///
+/// burn-collective 0.21.0 as published fails the second: `SyncService::sync`
+/// (`src/global/node/sync.rs`), the barrier that ends every global all-reduce, compares and
+/// clears a copy of the shared list of arrived nodes, so at the next sync the list holds the
+/// node twice and never equals the node set. `patches/burn-collective-0.21.0.patch` fixes it.
+///
+/// # Errors
+///
+/// A message naming the all-reduce that did not return within `limit`.
+pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<(), String> {
+    let free_port = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("an address").port()
+    };
+    let (orchestrator, data) = (free_port(), free_port());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime for the orchestrator");
+        runtime.block_on(collective::start_global_orchestrator(orchestrator));
+    });
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let address = |port: u16| {
+            format!("ws://127.0.0.1:{port}")
+                .parse()
+                .expect("an address")
+        };
+        let config = CollectiveConfig::default()
+            .with_num_devices(1)
+            .with_num_nodes(1)
+            .with_global_address(address(orchestrator))
+            .with_node_address(address(data))
+            .with_data_service_port(data);
+        collective::reset_collective::<B>();
+        let device: B::Device = Default::default();
+        let id = PeerId::from(0usize);
+        collective::register::<B>(id, device.clone(), config).expect("register");
+        for round in 0..2 {
+            let tensor = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0], &device);
+            let reduced = collective::all_reduce::<B>(
+                id,
+                tensor.into_primitive().tensor(),
+                ReduceOperation::Mean,
+            )
+            .expect("a global all-reduce");
+            let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced))
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32 values");
+            let _ = sender.send((round, values));
+        }
+        let _ = collective::finish_collective::<B>(id);
+    });
+    for round in 0..2 {
+        match receiver.recv_timeout(limit) {
+            Ok((_, values)) if values == [1.0, 2.0, 3.0] => {}
+            Ok((_, values)) => return Err(format!("all-reduce {round} gave {values:?}")),
+            Err(_) => {
+                return Err(format!(
+                    "global all-reduce {round} of one node did not return within {} s: the \
+                     barrier that ends it waits for a node set it can no longer match",
+                    limit.as_secs()
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,12 +1,11 @@
 //! The hand-off's peers as processes, one node each, all-reducing through burn-collective's
 //! orchestrator over the loopback interface (on several machines, the same with their
-//! addresses). Shared by `examples/ddp_handoff.rs` and `tests/ddp_handoff.rs`, beside
-//! `handoff.rs`.
+//! addresses), beside `handoff.rs`'s peers as threads.
 //!
-//! In Burn 0.21 this form hangs: the nodes connect to the orchestrator and exchange the
-//! first gradients, then wait forever, with the global all-reduce strategy centralized,
-//! a binary tree or a ring (`benches/RESULTS.md`, 2026-12-01, `c2f3908`). The threads
-//! of `handoff.rs` work. [`run_processes`] bounds the wait and fails with the nodes' state.
+//! With burn-collective 0.21.0 as published this form hangs after the first gradients (its
+//! barrier, see [`two_global_all_reduces`](crate::handoff::two_global_all_reduces)); this
+//! workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
+//! [`run_processes`] bounds the wait and fails with the nodes' state.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
