@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use burn_dataparallel_multinode::handoff::*;
-use burn_dataparallel_multinode::nodes::{run_node_from_env, run_processes};
+use burn_dataparallel_multinode::nodes::{Hosts, run_node_from_env, run_processes};
 
 fn main() {
     type B = burn::backend::Autodiff<burn::backend::Flex>;
@@ -44,8 +44,8 @@ fn main() {
     // 2. Continue on `nodes` processes at the same global batch, each on its own slice.
     let exe = std::env::current_exe().expect("this program");
     let trained = run_processes::<B>(
-        || Command::new(&exe),
-        nodes,
+        |_node| Command::new(&exe),
+        &Hosts::loopback(nodes),
         &path,
         (20, 40, global_batch),
         optim,

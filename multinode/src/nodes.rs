@@ -7,6 +7,7 @@
 //! workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
 //! [`run_processes`] bounds the wait and fails with the nodes' state.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -17,18 +18,39 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::handoff::{Batch, Classifier, Optim, PeerRun, Slice, batches, load, run_peer, save};
 
 /// Where one node of a run over several processes finds the others: burn-collective's
-/// orchestrator and this node's own data service, both on the loopback interface here (on
-/// several machines, their addresses).
+/// orchestrator and this node's own data service.
 #[derive(Clone, Copy, Debug)]
 pub struct Node {
     /// This node's index, and its slice of every global batch.
     pub index: usize,
     /// How many nodes (processes) take part.
     pub count: usize,
-    /// The port of the global orchestrator (`burn::collective::start_global_orchestrator`).
+    /// The address of the global orchestrator (`burn::collective::start_global_orchestrator`).
+    pub orchestrator_host: Ipv4Addr,
+    /// Its port.
     pub orchestrator_port: u16,
+    /// The address the other nodes reach this node at.
+    pub host: Ipv4Addr,
     /// The port this node serves its tensors on, to the other nodes.
     pub data_port: u16,
+}
+
+/// The addresses of a run over several processes: the orchestrator's (where the launching
+/// process listens) and each node's, as the others reach them.
+#[derive(Clone, Debug)]
+pub struct Hosts {
+    pub orchestrator: Ipv4Addr,
+    pub nodes: Vec<Ipv4Addr>,
+}
+
+impl Hosts {
+    /// Every address on the loopback interface: `count` nodes on this machine.
+    pub fn loopback(count: usize) -> Self {
+        Self {
+            orchestrator: Ipv4Addr::LOCALHOST,
+            nodes: vec![Ipv4Addr::LOCALHOST; count],
+        }
+    }
 }
 
 /// [`train_all_reduce`] as one process of several: this process is node `node.index` of
@@ -46,16 +68,13 @@ pub fn train_node<B: AutodiffBackend>(
     batches: &[Batch],
     optim: Optim,
 ) -> PeerRun<B> {
-    let address = |port: u16| {
-        format!("ws://127.0.0.1:{port}")
-            .parse()
-            .expect("an address")
-    };
+    let address =
+        |host: Ipv4Addr, port: u16| format!("ws://{host}:{port}").parse().expect("an address");
     let config = CollectiveConfig::default()
         .with_num_devices(1)
         .with_num_nodes(node.count as u32)
-        .with_global_address(address(node.orchestrator_port))
-        .with_node_address(address(node.data_port))
+        .with_global_address(address(node.orchestrator_host, node.orchestrator_port))
+        .with_node_address(address(node.host, node.data_port))
         .with_data_service_port(node.data_port);
     collective::reset_collective::<B::InnerBackend>();
     let slice = Slice {
@@ -97,18 +116,20 @@ impl NodeJob {
         let n = &self.node;
         let (from, to, size) = self.batches;
         format!(
-            "{},{},{},{},{from},{to},{size},{kind},{lr},{},{}",
+            "{},{},{},{},{from},{to},{size},{kind},{lr},{},{},{},{}",
             n.index,
             n.count,
             n.orchestrator_port,
             n.data_port,
+            n.orchestrator_host,
+            n.host,
             self.checkpoint.display(),
             self.out.display()
         )
     }
 
     fn from_env(value: &str) -> Self {
-        let f: Vec<&str> = value.splitn(11, ',').collect();
+        let f: Vec<&str> = value.splitn(13, ',').collect();
         let number = |i: usize| f[i].parse::<usize>().expect("a number");
         let lr: f64 = f[8].parse().expect("a learning rate");
         Self {
@@ -117,6 +138,8 @@ impl NodeJob {
                 count: number(1),
                 orchestrator_port: number(2) as u16,
                 data_port: number(3) as u16,
+                orchestrator_host: f[9].parse().expect("an address"),
+                host: f[10].parse().expect("an address"),
             },
             batches: (number(4), number(5), number(6)),
             optim: match f[7] {
@@ -124,8 +147,8 @@ impl NodeJob {
                 "sgd" => Optim::Sgd(lr),
                 other => panic!("{NODE_ENV}: no optimizer {other:?}"),
             },
-            checkpoint: f[9].into(),
-            out: f[10].into(),
+            checkpoint: f[11].into(),
+            out: f[12].into(),
         }
     }
 }
@@ -159,18 +182,19 @@ fn free_port() -> u16 {
     listener.local_addr().expect("an address").port()
 }
 
-/// Continues from the checkpoint at `checkpoint` on `count` nodes, each a process of its own
-/// on this machine, all-reducing through burn-collective's orchestrator: starts the
-/// orchestrator in this process, then `command()` once per node with [`NODE_ENV`] set (a
-/// program that calls [`run_node_from_env`]), and waits up to `limit` for all of them.
-/// Returns each node's trained model, in node order, on `device`.
+/// Continues from the checkpoint at `checkpoint` on one node per address of `hosts`, each a
+/// process of its own, all-reducing through burn-collective's orchestrator: starts the
+/// orchestrator in this process (listening on every interface), then `command(i)` for node
+/// `i` with [`NODE_ENV`] set (a program that calls [`run_node_from_env`]; `command` may wrap
+/// it, in `ip netns exec` say), and waits up to `limit` for all of them. Returns each node's
+/// trained model, in node order, on `device`.
 ///
 /// # Panics
 ///
 /// If a node fails or does not finish within `limit` (the nodes still running are killed).
 pub fn run_processes<B: AutodiffBackend>(
-    command: impl Fn() -> Command,
-    count: usize,
+    command: impl Fn(usize) -> Command,
+    hosts: &Hosts,
     checkpoint: &Path,
     batches: (usize, usize, usize),
     optim: Optim,
@@ -183,12 +207,15 @@ pub fn run_processes<B: AutodiffBackend>(
         runtime.block_on(collective::start_global_orchestrator(orchestrator_port));
     });
     let dir = checkpoint.parent().expect("the checkpoint's folder");
+    let count = hosts.nodes.len();
     let jobs: Vec<NodeJob> = (0..count)
         .map(|index| NodeJob {
             node: Node {
                 index,
                 count,
+                orchestrator_host: hosts.orchestrator,
                 orchestrator_port,
+                host: hosts.nodes[index],
                 data_port: free_port(),
             },
             checkpoint: checkpoint.to_path_buf(),
@@ -200,7 +227,7 @@ pub fn run_processes<B: AutodiffBackend>(
     let mut children: Vec<Child> = jobs
         .iter()
         .map(|job| {
-            command()
+            command(job.node.index)
                 .env(NODE_ENV, job.to_env())
                 .spawn()
                 .expect("start a node")
