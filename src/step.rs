@@ -1,7 +1,7 @@
 //! The forward of a [`DataParallel`]: scatter, replicate, apply in parallel, gather.
 //!
 //! ```text
-//! shards   = scatter(input, devices, dim)     // scatter.rs: split the batch, move each shard
+//! shards   = scatter(input, devices, dim)     // scatter/: split the batch, move each shard
 //! replicas = replicate(module, shard devices) // replicate/: differentiable copies
 //! outputs  = parallel_apply(replicas, shards) // parallel_apply.rs: one lane per device
 //! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
