@@ -9,7 +9,6 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::backend::{ConcatKind, ReplicaGraphs};
 use crate::error::DataParallelError;
-use crate::scatter::Scatter;
 
 /// How a model's own training step reduces its loss over the batch, which says how the
 /// wrapper combines the replicas' gradients under burn-train's `Learner`
@@ -21,7 +20,8 @@ pub enum LossReduction {
     /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
     /// same way, so it counts once, as in the bare model. A mean normalised by something
     /// other than rows (class weights, masked tokens) needs the batch to state each part's
-    /// weight ([`Scatter::loss_weight`]); the shares are then those weights over their sum.
+    /// weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight)); the shares are then
+    /// those weights over their sum.
     Mean,
     /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
     /// added to the loss that does not grow with the batch then counts once per replica.
@@ -48,7 +48,8 @@ pub struct Shards<B: Backend> {
     joins: Option<Arc<Mutex<Vec<FloatTensor<B>>>>>,
     /// How the losses of burn-train's output types combine.
     loss_reduction: LossReduction,
-    /// The shares the scattered parts stated ([`Scatter::loss_weight`]), once weighed.
+    /// The shares the scattered parts stated
+    /// ([`Scatter::loss_weight`](crate::Scatter::loss_weight)), once weighed.
     stated_shares: Arc<OnceLock<Vec<f64>>>,
 }
 
@@ -182,9 +183,9 @@ impl<B: Backend> Shards<B> {
     }
 
     /// Each shard's share of a mean-reduced loss, summing to one: the weights the input's
-    /// parts state ([`Scatter::loss_weight`]) over their sum, or else each shard's rows over
-    /// the batch's. [`Mean`](crate::Mean) values and, under burn-train's `Learner`, the
-    /// replicas' gradients are weighted by these.
+    /// parts state ([`Scatter::loss_weight`](crate::Scatter::loss_weight)) over their sum,
+    /// or else each shard's rows over the batch's. [`Mean`](crate::Mean) values and, under
+    /// burn-train's `Learner`, the replicas' gradients are weighted by these.
     pub fn loss_shares(&self) -> Vec<f64> {
         match self.stated_shares.get() {
             Some(shares) => shares.clone(),
@@ -195,35 +196,10 @@ impl<B: Backend> Shards<B> {
         }
     }
 
-    /// Takes the loss weights that `parts` (this forward's scattered input) state, if they
-    /// state any, as the shards' [`loss_shares`](Shards::loss_shares).
-    ///
-    /// # Errors
-    ///
-    /// [`DataParallelError::InvalidLossWeight`] for a weight that is negative, infinite or
-    /// NaN or that only some parts state; [`DataParallelError::ZeroLossWeights`] when all are
-    /// zero.
-    pub(crate) fn weigh<I: Scatter<B>>(&self, parts: &[I]) -> Result<(), DataParallelError> {
-        let weights: Vec<Option<f64>> = parts.iter().map(Scatter::loss_weight).collect();
-        if weights.iter().all(Option::is_none) {
-            return Ok(());
-        }
-        let bad = |w: &Option<f64>| !w.is_some_and(|w| w.is_finite() && w >= 0.0);
-        if let Some(shard) = weights.iter().position(bad) {
-            return Err(DataParallelError::InvalidLossWeight {
-                shard,
-                weight: weights[shard],
-            });
-        }
-        let weights: Vec<f64> = weights.into_iter().flatten().collect();
-        let total: f64 = weights.iter().sum();
-        if total == 0.0 {
-            return Err(DataParallelError::ZeroLossWeights);
-        }
-        let _ = self
-            .stated_shares
-            .set(weights.iter().map(|w| w / total).collect());
-        Ok(())
+    /// Takes `shares` (summing to one, one per shard) as the shards'
+    /// [`loss_shares`](Shards::loss_shares); the first call wins.
+    pub(crate) fn set_loss_shares(&self, shares: Vec<f64>) {
+        let _ = self.stated_shares.set(shares);
     }
 }
 

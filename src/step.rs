@@ -24,7 +24,7 @@ use crate::parallel_apply::{self, Failure, Runtime, Workers};
 use crate::profile::{self, Sink, Stage};
 use crate::replicate::{Links, replicate_for_step};
 use crate::running_states::{self, OwnStates, RunningStates};
-use crate::scatter::Scatter;
+use crate::scatter::{self, Scatter};
 use crate::shards::Shards;
 
 /// Runs `forward` on every shard of `input` through `dp` and gathers the outputs.
@@ -51,7 +51,7 @@ where
         return step.run_module(module, input, forward);
     }
     let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
-    step.shards.weigh(&inputs)?;
+    step.weigh(&inputs)?;
     let links = step.links();
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(module, settings, own_states, links)
@@ -159,6 +159,19 @@ impl<B: ConcatBackend> Step<B> {
             graphs,
             workers,
         })
+    }
+
+    /// Takes the loss weights that `parts` (this step's scattered input) state, if they state
+    /// any, as the shards' [`loss_shares`](Shards::loss_shares).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`scatter::stated_shares`].
+    pub(crate) fn weigh<I: Scatter<B>>(&self, parts: &[I]) -> Result<(), DataParallelError> {
+        if let Some(shares) = scatter::stated_shares(parts)? {
+            self.shards.set_loss_shares(shares);
+        }
+        Ok(())
     }
 
     /// Whether the module runs as it is, on the calling thread: one shard on the module's

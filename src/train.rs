@@ -126,7 +126,7 @@ where
         return Ok(TrainStep::step(&dp.module, item));
     }
     let inputs = step.stage(Stage::Scatter, || item.scatter(&step.shards));
-    step.shards.weigh(&inputs)?;
+    step.weigh(&inputs)?;
     let own = dp.own_states.or(Some(own_states::<B, M>));
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(&dp.module, settings, own, Links::Independent)

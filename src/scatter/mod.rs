@@ -277,3 +277,33 @@ where
         parts
     }
 }
+
+/// The shares of a mean-reduced loss that `parts` (a forward's scattered input) state through
+/// [`Scatter::loss_weight`]: their weights over the weights' sum, or `None` when no part
+/// states one (rows, then).
+///
+/// # Errors
+///
+/// [`DataParallelError::InvalidLossWeight`] for a weight that is negative, infinite or NaN or
+/// that only some parts state; [`DataParallelError::ZeroLossWeights`] when all are zero.
+pub(crate) fn stated_shares<B: Backend, I: Scatter<B>>(
+    parts: &[I],
+) -> Result<Option<Vec<f64>>, DataParallelError> {
+    let weights: Vec<Option<f64>> = parts.iter().map(Scatter::loss_weight).collect();
+    if weights.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let bad = |w: &Option<f64>| !w.is_some_and(|w| w.is_finite() && w >= 0.0);
+    if let Some(shard) = weights.iter().position(bad) {
+        return Err(DataParallelError::InvalidLossWeight {
+            shard,
+            weight: weights[shard],
+        });
+    }
+    let weights: Vec<f64> = weights.into_iter().flatten().collect();
+    let total: f64 = weights.iter().sum();
+    if total == 0.0 {
+        return Err(DataParallelError::ZeroLossWeights);
+    }
+    Ok(Some(weights.iter().map(|w| w / total).collect()))
+}
