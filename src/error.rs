@@ -64,8 +64,8 @@ pub enum DataParallelError {
 
     /// The devices are distinct but the backend cannot move tensors between them.
     #[error(
-        "the backend cannot move tensors between the distinct devices {devices} (Burn 0.21 \
-         implements device-to-device transfers on CUDA only); list one device, or use CUDA"
+        "the backend cannot move tensors between the distinct devices {devices}, not even \
+         through host memory; list one device"
     )]
     DeviceTransfersUnsupported {
         /// The device list.
@@ -78,8 +78,10 @@ pub enum DataParallelError {
     #[error(
         "replicas on the devices {devices} would move the module's running states (batch-norm \
          statistics) between devices inside their forward, which this backend cannot order \
-         safely; call `with_running_states_per_device()` on the wrapper before training (burn-train's \
-         `TrainStep` does), and for inference use the trained wrapper's `valid()` copy"
+         safely (CUDA) or cannot do at all (devices without device-to-device copies, such as \
+         wgpu's); call `with_running_states_per_device()` on the wrapper before training \
+         (burn-train's `TrainStep` does), and for inference use the trained wrapper's `valid()` \
+         copy"
     )]
     SharedRunningStates {
         /// The device list.

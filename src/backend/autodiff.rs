@@ -242,6 +242,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::device_transfers()
     }
 
+    fn host_staged_transfers() -> bool {
+        B::host_staged_transfers()
+    }
+
     fn fence_transfers(source: &Self::Device) {
         B::fence_transfers(source)
     }

@@ -35,8 +35,8 @@ where
         kernels::split(tensor, sizes, dim)
     }
 
-    fn device_transfers() -> bool {
-        <R::Server as ServerCommunication>::SERVER_COMM_ENABLED
+    fn host_staged_transfers() -> bool {
+        !<R::Server as ServerCommunication>::SERVER_COMM_ENABLED
     }
 
     fn fence_transfers(source: &Self::Device) {
@@ -45,8 +45,10 @@ where
         }
     }
 
+    // CUDA: Burn's `to_device` is not ordered after queued work; elsewhere it is not
+    // implemented between devices at all (the crate's own moves go through host memory).
     fn orders_receives() -> bool {
-        !<R::Server as ServerCommunication>::SERVER_COMM_ENABLED
+        false
     }
 
     fn fence_receive(destination: &Self::Device) {

@@ -152,6 +152,10 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
         B::device_transfers()
     }
 
+    fn host_staged_transfers() -> bool {
+        B::host_staged_transfers()
+    }
+
     fn concurrent_backward() -> bool {
         false
     }

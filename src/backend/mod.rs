@@ -119,12 +119,23 @@ pub trait ConcatBackend: Backend {
         false
     }
 
-    /// Whether tensors can move between two distinct devices of this backend.
-    ///
-    /// False where Burn 0.21's `to_device` between two devices is not implemented: CubeCL
-    /// runtimes without device-to-device communication (wgpu, HIP, CPU). True by default.
+    /// Whether tensors can move between two distinct devices of this backend, directly or
+    /// through host memory ([`host_staged_transfers`](Self::host_staged_transfers)). True by
+    /// default.
     fn device_transfers() -> bool {
         true
+    }
+
+    /// Whether this crate moves tensors between distinct devices by reading them on one and
+    /// writing them on the other, because Burn 0.21's `to_device` between them is not
+    /// implemented: CubeCL runtimes without device-to-device communication (wgpu's Vulkan,
+    /// Metal and DX12 devices, HIP, CubeCL's CPU). False by default (Burn's `to_device`).
+    ///
+    /// Burn's own `to_device` inside a replica's forward (batch norm moving its running
+    /// statistics) still fails there, so such backends report
+    /// [`orders_receives`](Self::orders_receives) false and need running states per device.
+    fn host_staged_transfers() -> bool {
+        false
     }
 
     /// Orders later work on `source` after the transfers already queued from it, so that their
@@ -188,10 +199,23 @@ pub trait ConcatBackend: Backend {
     /// destination ([`fence_receive`](Self::fence_receive)) and one on the source
     /// ([`fence_transfers`](Self::fence_transfers)). Under `Autodiff`, the backward moves the
     /// gradient back the same way.
+    ///
+    /// With [`host_staged_transfers`](Self::host_staged_transfers), the tensor is read on its
+    /// device and written on `device` instead (waiting for the read).
     fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
         let source = Self::float_device(&tensor);
         if &source == device {
             return tensor;
+        }
+        if Self::host_staged_transfers() {
+            // As a flat tensor of rank 1 (the Tensor API wants the rank), then reshaped back.
+            let shape = burn::tensor::TensorMetadata::shape(&tensor);
+            let flat = Self::float_reshape(tensor, [shape.num_elements()].into());
+            let flat = burn::tensor::Tensor::<Self, 1>::from_primitive(
+                burn::tensor::TensorPrimitive::Float(flat),
+            );
+            let moved = host_staged(flat, device).into_primitive().tensor();
+            return Self::float_reshape(moved, shape);
         }
         Self::fence_receive(device);
         let moved = Self::float_to_device(tensor, device);
@@ -215,6 +239,15 @@ pub trait ConcatBackend: Backend {
     ) -> Vec<FloatTensor<Self>> {
         Self::float_split(Self::float_move(buffer, device), counts, 0)
     }
+}
+
+/// `tensor`, any rank, read on its device and written on `device`: the transfer of backends
+/// with [`ConcatBackend::host_staged_transfers`]. Waits for the read.
+pub(crate) fn host_staged<B: Backend, const D: usize, K: burn::tensor::BasicOps<B>>(
+    tensor: burn::tensor::Tensor<B, D, K>,
+    device: &B::Device,
+) -> burn::tensor::Tensor<B, D, K> {
+    burn::tensor::Tensor::from_data(tensor.into_data(), device)
 }
 
 /// An autodiff backend that [`DataParallel`](crate::DataParallel) trains on: it and its inner

@@ -70,12 +70,16 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
     }
 }
 
-/// Burn's `to_device` between fences on the destination and the source.
+/// Burn's `to_device` between fences on the destination and the source, or through host
+/// memory on backends with [`ConcatBackend::host_staged_transfers`].
 fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
     tensor: Tensor<B, D, K>,
     device: &B::Device,
 ) -> Tensor<B, D, K> {
     let source = tensor.device();
+    if B::host_staged_transfers() && &source != device {
+        return super::host_staged(tensor, device);
+    }
     B::fence_receive(device);
     let moved = tensor.to_device(device);
     B::fence_transfers(&source);

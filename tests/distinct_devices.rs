@@ -1,0 +1,162 @@
+//! Replicas on distinct devices of a backend that cannot copy between them: wgpu's
+//! `WgpuDevice::DefaultDevice` and `WgpuDevice::Cpu` are two Burn devices, each with its own
+//! CubeCL server (over Mesa's lavapipe in CI, both on the one CPU adapter), and Burn 0.21's
+//! `to_device` between them is not implemented. The wrapper moves tensors between them
+//! through host memory (`ConcatBackend::host_staged_transfers`): parameters are copied to the
+//! other device, shards scattered, outputs gathered and gradients reduced across devices, as
+//! on several GPUs, and the results equal a single-device run's. Each case checks that the
+//! transfers really ran (the step profile's bytes).
+
+#[path = "common/adapter.rs"]
+mod adapter;
+mod common;
+
+use adapter::skip_without_wgpu;
+use burn::backend::Autodiff;
+use burn::backend::wgpu::{CubeBackend, Wgpu, WgpuDevice, WgpuRuntime};
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelError, Mean};
+use common::*;
+
+/// `CubeBackend` on wgpu (replicas' backwards at once) and Burn's default `Wgpu` (Fusion).
+type Cube = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+type Fused = Autodiff<Wgpu>;
+
+/// Three replicas over two distinct devices, the output device first.
+fn two_devices() -> Vec<WgpuDevice> {
+    vec![
+        WgpuDevice::DefaultDevice,
+        WgpuDevice::Cpu,
+        WgpuDevice::DefaultDevice,
+    ]
+}
+
+/// Whether `test` must be skipped for want of a wgpu adapter. First keeps CubeCL's autotune
+/// to its minimal level for this process: lavapipe compiles every candidate kernel with LLVM,
+/// and the full level spends minutes per matmul shape tuning them.
+fn skip(test: &str) -> bool {
+    static MINIMAL: std::sync::Once = std::sync::Once::new();
+    MINIMAL.call_once(|| {
+        if std::env::var_os("CUBECL_AUTOTUNE_LEVEL").is_none() {
+            // SAFETY: called before any CubeCL use in this process (every test calls this
+            // first, and the others wait for it here), while no other thread reads the
+            // environment.
+            unsafe { std::env::set_var("CUBECL_AUTOTUNE_LEVEL", "minimal") };
+        }
+    });
+    skip_without_wgpu(test)
+}
+
+fn mse<B: DataParallelBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+    (model.forward(x) - y).powi_scalar(2).mean()
+}
+
+/// Outputs and parameter gradients equal the bare model's on the default device, several
+/// steps in a row (the parameters' copies made again each step), and the profile shows the
+/// parameters broadcast to the other device and the gradients reduced from it.
+fn mlp_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: &str) {
+    if skip(test) {
+        return;
+    }
+    set_tolerance(1e-4);
+    let device = WgpuDevice::DefaultDevice;
+    let dp = DataParallel::new(Mlp::<B>::new(8, 16, 4, &device), two_devices()).unwrap();
+    let bare = Mlp::<B>::new(8, 16, 4, &device).load_record(dp.module().clone().into_record());
+    dp.set_profiling(true);
+    for _ in 0..3 {
+        let (x, y) = (
+            random::<B, 2>([7, 8], &device),
+            random::<B, 2>([7, 4], &device),
+        );
+        let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| Mean(mse(m, x, y)));
+        let expected = mse(&bare, x, y);
+        assert_close(&values(loss.clone()), &values(expected.clone()), "loss");
+        let (actual, expected) = (loss.backward(), expected.backward());
+        assert_grads_close(
+            &param_grads(dp.module(), &actual),
+            &param_grads(&bare, &expected),
+        );
+    }
+    let profile = dp.profile().expect("a profiled step");
+    let param_bytes = dp.module().num_params() as u64 * 4;
+    assert_eq!(
+        profile.bytes_broadcast, param_bytes,
+        "the parameters went to the other device once: {profile}"
+    );
+    assert_eq!(
+        profile.bytes_reduced, param_bytes,
+        "their gradients came back once: {profile}"
+    );
+    assert!(profile.bytes_scattered > 0, "{profile}");
+}
+
+/// Batch norm across devices: with running states per device, training steps run and the
+/// statistics fold back to the module; without, a typed error (Burn's own `to_device` inside
+/// the replica's forward cannot run between these devices).
+fn batch_norm_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: &str) {
+    if skip(test) {
+        return;
+    }
+    let device = WgpuDevice::DefaultDevice;
+    let dp = DataParallel::new(BnNet::<B>::new(0.0, &device), two_devices()).unwrap();
+    let before = values(dp.module().norm.running_mean.value());
+    let x = random::<B, 2>([9, 8], &device);
+    match dp.try_forward_with(x.clone(), |m, x| m.forward(x)) {
+        Err(DataParallelError::SharedRunningStates { .. }) => {}
+        other => panic!("expected SharedRunningStates, got {:?}", other.map(|_| ())),
+    }
+    let dp = dp.with_running_states_per_device();
+    dp.set_profiling(true);
+    let output = dp.forward_with(x, |m, x| m.forward(x));
+    assert_eq!(output.dims(), [9, 4]);
+    let _ = output.sum().backward();
+    let after = values(dp.module().norm.running_mean.value());
+    assert_ne!(before, after, "the statistics moved");
+    assert!(after.iter().all(|v| v.is_finite()));
+    let profile = dp.profile().expect("a profiled step");
+    assert!(profile.bytes_running_states > 0, "{profile}");
+}
+
+#[test]
+fn cube_mlp_across_devices() {
+    within("cube_mlp_across_devices", || {
+        mlp_across_devices::<Cube>("cube_mlp_across_devices")
+    });
+}
+
+#[test]
+fn fusion_mlp_across_devices() {
+    within("fusion_mlp_across_devices", || {
+        mlp_across_devices::<Fused>("fusion_mlp_across_devices")
+    });
+}
+
+#[test]
+fn cube_batch_norm_across_devices() {
+    within("cube_batch_norm_across_devices", || {
+        batch_norm_across_devices::<Cube>("cube_batch_norm_across_devices")
+    });
+}
+
+/// One host-staged move, no wrapper: the values arrive on the other device.
+#[test]
+fn host_staged_move() {
+    within("host_staged_move", || {
+        if skip("host_staged_move") {
+            return;
+        }
+        type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
+        use burn_dataparallel::ConcatBackend;
+        let rows = [[1.0, 2.0], [3.0, 4.0]];
+        let tensor = Tensor::<Inner, 2>::from_floats(rows, &WgpuDevice::DefaultDevice);
+        let moved = Inner::float_move(tensor.into_primitive().tensor(), &WgpuDevice::Cpu);
+        let moved = Tensor::<Inner, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(moved));
+        assert_eq!(moved.device(), WgpuDevice::Cpu);
+        assert_eq!(moved.dims(), [2, 2]);
+        assert_eq!(
+            moved.into_data().to_vec::<f32>().unwrap(),
+            [1.0, 2.0, 3.0, 4.0]
+        );
+    });
+}
