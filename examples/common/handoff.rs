@@ -343,10 +343,6 @@ pub fn first_half<B: DataParallelBackend>(
 ///
 /// A message naming the all-reduce that did not return within `limit`.
 pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<(), String> {
-    let free_port = || {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("an address").port()
-    };
     let (orchestrator, data) = (free_port(), free_port());
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().expect("a runtime for the orchestrator");
@@ -399,4 +395,10 @@ pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<
         }
     }
     Ok(())
+}
+
+/// A free TCP port on the loopback interface.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("an address").port()
 }

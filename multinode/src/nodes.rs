@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use burn::collective::{self, CollectiveConfig, PeerId};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::handoff::{Batch, Classifier, Optim, PeerRun, Slice, batches, load, run_peer, save};
+use crate::handoff::{
+    Batch, Classifier, Optim, PeerRun, Slice, batches, free_port, load, run_peer, save,
+};
 
 /// Where one node of a run over several processes finds the others: burn-collective's
 /// orchestrator and this node's own data service.
@@ -174,12 +176,6 @@ pub fn run_node_from_env<B: AutodiffBackend>(device: B::Device) -> bool {
     println!("node {}: losses {}", job.node.index, losses.join(" "));
     save(run.trained, &job.out).expect("save the node's model");
     true
-}
-
-/// A free TCP port on the loopback interface.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("an address").port()
 }
 
 /// Continues from the checkpoint at `checkpoint` on one node per address of `hosts`, each a

@@ -22,31 +22,38 @@ fn two_global_all_reduces_in_one_process() {
     two_global_all_reduces::<Flex>(Duration::from_secs(30)).unwrap();
 }
 
-/// `HALF` steps through the wrapper, the checkpoint, then `HALF` more on `nodes` processes,
-/// each on its own slice of every global batch; their parameters equal the wrapper's own
+/// `HALF` steps through the wrapper, the checkpoint, then `HALF` more on one process per
+/// address of `hosts`, each on its own slice of every global batch, node `i` in network
+/// namespace `namespaces[i]` when given; their parameters equal the wrapper's own
 /// continuation from the same checkpoint.
-fn hand_off_to_processes(nodes: usize, optim: Optim) {
-    let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
+fn hand_off_to_processes(hosts: &Hosts, namespaces: Option<&[String]>, optim: Optim) {
     let device = Default::default();
     let dir = tempfile::tempdir().expect("a temporary folder");
     let (all, saved) = first_half::<B>(&device, optim, dir.path());
     let (next, path) = (&all[HALF..], dir.path().join("classifier"));
     let exe = std::env::current_exe().expect("this test binary");
-    let command = |_node| {
-        let mut command = std::process::Command::new(&exe);
+    let command = |node: usize| {
+        let mut command = match namespaces {
+            Some(names) => {
+                let mut command = std::process::Command::new("ip");
+                command.args(["netns", "exec", &names[node]]).arg(&exe);
+                command
+            }
+            None => std::process::Command::new(&exe),
+        };
         command.args(["--exact", "node_process", "--ignored", "--nocapture"]);
         command
     };
     let trained = run_processes::<B>(
         command,
-        &Hosts::loopback(nodes),
+        hosts,
         &path,
         (HALF, BATCHES, ROWS),
         optim,
         &device,
         Duration::from_secs(60),
     );
-    assert_eq!(trained.len(), nodes);
+    assert_eq!(trained.len(), hosts.nodes.len());
     let reference = load::<B>(&path, &device).expect("load");
     assert_eq!(
         parameters(&reference),
@@ -59,29 +66,36 @@ fn hand_off_to_processes(nodes: usize, optim: Optim) {
         let difference = relative_difference(&parameters(trained), &reference);
         assert!(
             difference < 1e-4,
-            "node {node} against DataParallel: relative difference {difference:e}"
+            "node {node} (at {}) against DataParallel: relative difference {difference:e}",
+            hosts.nodes[node]
         );
     }
 }
 
+/// [`hand_off_to_processes`] on `nodes` processes of this machine, over the loopback interface.
+fn hand_off_on_loopback(nodes: usize, optim: Optim) {
+    let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
+    hand_off_to_processes(&Hosts::loopback(nodes), None, optim);
+}
+
 #[test]
 fn two_processes_continue_the_wrappers_training_sgd() {
-    hand_off_to_processes(2, Optim::Sgd(0.1));
+    hand_off_on_loopback(2, Optim::Sgd(0.1));
 }
 
 #[test]
 fn four_processes_continue_the_wrappers_training_sgd() {
-    hand_off_to_processes(4, Optim::Sgd(0.1));
+    hand_off_on_loopback(4, Optim::Sgd(0.1));
 }
 
 #[test]
 fn two_processes_continue_the_wrappers_training_adam() {
-    hand_off_to_processes(2, Optim::Adam(1e-2));
+    hand_off_on_loopback(2, Optim::Adam(1e-2));
 }
 
 #[test]
 fn four_processes_continue_the_wrappers_training_adam() {
-    hand_off_to_processes(4, Optim::Adam(1e-2));
+    hand_off_on_loopback(4, Optim::Adam(1e-2));
 }
 
 /// A node of [`hand_off_to_processes`]: runs only in a process that test starts (the node's
@@ -193,37 +207,5 @@ fn four_nodes_in_network_namespaces_continue_the_wrappers_training() {
         }
         Err(why) => panic!("network namespaces cannot be made here: {why}"),
     };
-    let optim = Optim::Sgd(0.1);
-    let device = Default::default();
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let (all, _) = first_half::<B>(&device, optim, dir.path());
-    let (next, path) = (&all[HALF..], dir.path().join("classifier"));
-    let exe = std::env::current_exe().expect("this test binary");
-    let command = |node: usize| {
-        let mut command = std::process::Command::new("ip");
-        command.args(["netns", "exec", &namespaces.names[node]]);
-        command.arg(&exe);
-        command.args(["--exact", "node_process", "--ignored", "--nocapture"]);
-        command
-    };
-    let trained = run_processes::<B>(
-        command,
-        &namespaces.hosts,
-        &path,
-        (HALF, BATCHES, ROWS),
-        optim,
-        &device,
-        Duration::from_secs(60),
-    );
-    let reference = load::<B>(&path, &device).expect("load");
-    let (reference, _) = train_data_parallel(reference, vec![device; 3], next, optim);
-    let reference = parameters(&reference);
-    for (node, trained) in trained.iter().enumerate() {
-        let difference = relative_difference(&parameters(trained), &reference);
-        assert!(
-            difference < 1e-4,
-            "node {node} (at {}) against DataParallel: relative difference {difference:e}",
-            namespaces.hosts.nodes[node]
-        );
-    }
+    hand_off_to_processes(&namespaces.hosts, Some(&namespaces.names), Optim::Sgd(0.1));
 }
