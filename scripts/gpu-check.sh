@@ -20,9 +20,10 @@
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
 # alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs),
-# the CubeBackend suite SUITE_RUNS times (10) and the Fusion suite FUSION_RUNS times (1, a
-# process per test file, then the expected failures), each in a fresh process, none started
-# after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
+# the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N
+# at a time) and the Fusion suite FUSION_RUNS times (1, a process per test file,
+# FUSION_JOBS at a time (1), then the expected failures), each in a fresh process, none
+# started after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
 # built from another commit) adds that build's controls, alternating with this one's;
 # BUNDLE=DIR runs another bundle than gpu-bundle/.
 #
@@ -317,24 +318,40 @@ run() {
         # TRUST_DEADLINE (seconds since the script started) stops starting further runs, so
         # that a call ends in time to bring its logs and caches back.
         local deadline=${TRUST_DEADLINE:-1000000}
-        for ((run = 1; run <= ${SUITE_RUNS:-10}; run++)); do
-            [ "$SECONDS" -lt "$deadline" ] || break
-            step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
-        done
-        # The Fusion suite one test file (module) per process, so that a fault that leaves
-        # Fusion's server unusable fails its own module only; then the tests marked
-        # `fusion_fails` (ignored), to see whether Burn's faults still fail them.
-        local names modules module
-        names=$(cd "$work" && ./backends --list 2>/dev/null | sed -n 's/: test$//p' |
-            grep 'cuda_fusion::') || true
-        modules=$(sed 's/::.*//' <<<"$names" | sort -u)
-        for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
+        # One test file (module) per process, JOBS files at a time: on fresh caches most of a
+        # file's time is CubeCL compiling its kernels on the CPU, which several processes
+        # share out over the cores; a fault that leaves a server unusable fails its own file.
+        by_module() { # label, backend module (cuda_cube, cuda_fusion), jobs
+            local label=$1 backend=$2 jobs=$3 names modules module began=$SECONDS failed
+            names=$(cd "$work" && ./backends --list 2>/dev/null | sed -n 's/: test$//p' |
+                grep "$backend::") || true
+            modules=$(sed 's/::.*//' <<<"$names" | sort -u)
             for module in $modules; do
                 [ "$SECONDS" -lt "$deadline" ] || break
+                while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
                 # shellcheck disable=SC2046 # one argument per test name
-                step "suite-fusion-$run-$module" "$tests_limit" ./backends --test-threads=1 \
-                    --exact $(grep "^$module::" <<<"$names")
+                step "$label-$module" "$tests_limit" ./backends --test-threads=1 \
+                    --exact $(grep "^$module::$backend::" <<<"$names") &
             done
+            wait
+            failed=$(grep -c "^| $label-[a-z_]* | FAIL" "$table") || true
+            echo "| $label, all files | $([ "$failed" = 0 ] && echo pass ||
+                echo "$failed files FAIL") | $((SECONDS - began)) |" >>"$table"
+        }
+        # The CubeBackend suite in one process per run, or with SUITE_JOBS a process per file
+        # (SUITE_JOBS files at a time).
+        for ((run = 1; run <= ${SUITE_RUNS:-10}; run++)); do
+            [ "$SECONDS" -lt "$deadline" ] || break
+            if [ -n "${SUITE_JOBS:-}" ]; then
+                by_module "suite-cube-$run" cuda_cube "$SUITE_JOBS"
+            else
+                step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
+            fi
+        done
+        # The Fusion suite a process per file (FUSION_JOBS at a time, 1), then the tests
+        # marked `fusion_fails` (ignored), to see whether Burn's faults still fail them.
+        for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
+            by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
         done
         local expected
         expected=$(cd "$work" && ./backends --list --ignored 2>/dev/null |
