@@ -29,7 +29,7 @@ use burn_dataparallel::{DataParallel, DataParallelBackend};
 
 #[path = "common/measure.rs"]
 mod measure;
-use measure::{list_from_env, median};
+use measure::{list_from_env, median, positional_args};
 #[path = "common/models.rs"]
 mod models;
 #[path = "common/thread_cpu.rs"]
@@ -125,10 +125,7 @@ fn summary(rounds: &[Vec<Sample>], pick: impl Fn(&Sample) -> Duration) -> String
 
 fn main() {
     type B = burn::backend::Autodiff<burn::backend::Flex>;
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let args: Vec<String> = positional_args();
     let models: Vec<&str> = ["resnet18", "encoder"]
         .into_iter()
         .filter(|m| args.is_empty() || args.iter().any(|a| a == m))

@@ -22,7 +22,7 @@ use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 #[allow(dead_code)]
 #[path = "common/measure.rs"]
 mod measure;
-use measure::median;
+use measure::{median, positional_args};
 // The MLP of the train-step bench (the other models there go unused here).
 #[allow(dead_code)]
 #[path = "common/models.rs"]
@@ -137,10 +137,7 @@ fn bench_backend<B: DataParallelBackend>(name: &str, widths: &[usize], batch: us
 
 fn main() {
     // Backends to run, by name; all that are built in when none is given.
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let only: Vec<String> = positional_args();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     println!(
         "| backend | configuration | median step | vs bare | first step | \

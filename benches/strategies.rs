@@ -46,7 +46,9 @@ use burn_dataparallel::DataParallelBackend;
 mod learner_steps;
 #[path = "common/measure.rs"]
 mod measure;
-use measure::{list_from_env, median};
+#[cfg(feature = "cuda")]
+use measure::cuda_memory;
+use measure::{list_from_env, median, positional_args};
 #[path = "common/models.rs"]
 mod models;
 #[path = "../tests/common/silent.rs"]
@@ -242,18 +244,8 @@ fn bench_model<B: DataParallelBackend>(
     }
 }
 
-#[cfg(feature = "cuda")]
-fn cuda_memory() -> Option<u64> {
-    use cubecl::Runtime;
-    let client = cubecl::cuda::CudaRuntime::client(&Default::default());
-    client.memory_usage().ok().map(|m| m.bytes_in_use)
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let args: Vec<String> = positional_args();
     let models: Vec<&str> = match args.is_empty() {
         true => vec!["mlp", "resnet18", "encoder"],
         false => args.iter().map(String::as_str).collect(),

@@ -53,7 +53,9 @@ mod chart;
 mod cold_start;
 #[path = "common/measure.rs"]
 mod measure;
-use measure::list_from_env;
+#[cfg(feature = "cuda")]
+use measure::cuda_memory;
+use measure::{list_from_env, positional_args};
 #[path = "common/models.rs"]
 mod models;
 #[path = "common/train_step_rows.rs"]
@@ -117,19 +119,9 @@ fn steps_from_env(default: (usize, usize)) -> (usize, usize) {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn cuda_memory() -> Option<u64> {
-    use cubecl::Runtime;
-    let client = cubecl::cuda::CudaRuntime::client(&Default::default());
-    client.memory_usage().ok().map(|m| m.bytes_in_use)
-}
-
 fn main() {
     // `cargo bench` adds `--bench`.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let args: Vec<String> = positional_args();
     if let Some(mode) = args.first().filter(|a| a.starts_with("plot")) {
         chart::plot(mode, &args[1..]);
         return;
@@ -181,10 +173,7 @@ fn main() {
         }
         return;
     }
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let only: Vec<String> = positional_args();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let models = |list: &[(&'static str, [usize; 2])]| -> Vec<(&'static str, [usize; 2])> {
         let picked: Vec<_> = list.iter().filter(|(m, _)| wanted(m)).copied().collect();

@@ -43,16 +43,7 @@ fn main() {
     // 1. Train through DataParallel on one machine (two replicas here) and save.
     let all = batches(40, global_batch);
     let (first, next) = all.split_at(20);
-    let model = Classifier::<B>::new(&device);
-    let (model, losses) = train_data_parallel(model, vec![device; 2], first, optim);
-    println!(
-        "DataParallel, 20 steps: loss {:.4} -> {:.4}",
-        losses[0], losses[19]
-    );
-    let dir = std::env::temp_dir().join(format!("ddp_handoff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a checkpoint folder");
-    let path = dir.join("classifier");
-    save(model, &path).expect("save the checkpoint");
+    let path = train_and_save::<B>("ddp_handoff", &device, 2, first, optim);
     println!("checkpoint: {}", path.display());
 
     // 2. Continue from the checkpoint with Burn's all-reduce over `peers` peers (threads of
@@ -73,5 +64,5 @@ fn main() {
     println!(
         "parameters, all-reduce peers against DataParallel: relative difference {difference:.2e}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(path.parent().expect("the checkpoint folder"));
 }

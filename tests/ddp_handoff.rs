@@ -5,12 +5,15 @@
 
 mod common;
 
+#[path = "../examples/common/barrier.rs"]
+mod barrier;
 #[allow(dead_code)]
 #[path = "../examples/common/handoff.rs"]
 mod handoff;
 
 use std::sync::Mutex;
 
+use barrier::two_global_all_reduces;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::DataParallelBackend;
 use handoff::*;

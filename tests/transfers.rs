@@ -6,45 +6,24 @@
 use burn::backend::wgpu::{Wgpu, WgpuDevice};
 use burn::backend::{Autodiff, Flex};
 
-use burn::module::Module;
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dataparallel::{DataParallel, DataParallelConfig};
 
 #[path = "common/adapter.rs"]
 mod adapter;
+mod common;
+
+use common::Mlp;
 
 type B = Autodiff<Wgpu>;
-
-#[derive(Module, Debug)]
-struct Mlp<B: Backend> {
-    first: Linear<B>,
-    second: Linear<B>,
-    relu: Relu,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn new(device: &B::Device) -> Self {
-        Self {
-            first: LinearConfig::new(6, 16).init(device),
-            second: LinearConfig::new(16, 3).init(device),
-            relu: Relu::new(),
-        }
-    }
-
-    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.second
-            .forward(self.relu.forward(self.first.forward(x)))
-    }
-}
 
 fn input<B: Backend>(device: &B::Device) -> Tensor<B, 2> {
     let values: Vec<f32> = (0..9 * 6).map(|i| (i as f32 * 0.37).sin()).collect();
     Tensor::from_data(TensorData::new(values, [9, 6]), device)
 }
 
-fn assert_close<const D: usize>(actual: Tensor<B, D>, expected: Tensor<B, D>, what: &str) {
+fn assert_near<const D: usize>(actual: Tensor<B, D>, expected: Tensor<B, D>, what: &str) {
     let a = actual.into_data().to_vec::<f32>().unwrap();
     let e = expected.into_data().to_vec::<f32>().unwrap();
     assert_eq!(a.len(), e.len(), "{what}: length");
@@ -64,19 +43,19 @@ fn same_device_wgpu_replicas_match_the_bare_model() {
         return;
     }
     let home = WgpuDevice::DefaultDevice;
-    let model = Mlp::<B>::new(&home);
+    let model = Mlp::<B>::new(6, 16, 3, &home);
     // Parameters are initialised lazily: initialise before cloning, so clones share them.
     let expected = model.forward(input(&home));
     let dp = DataParallel::new(model.clone(), vec![home.clone(); 2]).unwrap();
     let output = dp.forward_with(input::<B>(&home), |m, x| m.forward(x));
-    assert_close(output, expected, "same-device replicas");
+    assert_near(output, expected, "same-device replicas");
 }
 
 #[test]
 fn replicas_on_the_parameters_device_move_nothing() {
     type F = Autodiff<Flex>;
     let device = Default::default();
-    let model = Mlp::<F>::new(&device);
+    let model = Mlp::<F>::new(6, 16, 3, &device);
     let dp = DataParallelConfig::new()
         .with_profile(true)
         .init(model, vec![device; 4])
@@ -93,7 +72,7 @@ fn replicas_on_the_parameters_device_move_nothing() {
 #[test]
 fn profiling_is_off_by_default_and_can_be_switched() {
     let device = Default::default();
-    let model = Mlp::<Autodiff<Flex>>::new(&device);
+    let model = Mlp::<Autodiff<Flex>>::new(6, 16, 3, &device);
     let dp = DataParallel::new(model, vec![device; 2]).unwrap();
     assert!(!dp.is_profiling());
     let _ = dp.forward_with(input(&device), |m, x| m.forward(x));
@@ -110,7 +89,7 @@ fn profiling_is_off_by_default_and_can_be_switched() {
 #[test]
 fn config_sets_buckets_and_profiling() {
     let device = Default::default();
-    let model = Mlp::<Autodiff<Flex>>::new(&device);
+    let model = Mlp::<Autodiff<Flex>>::new(6, 16, 3, &device);
     let config = DataParallelConfig::new()
         .with_bucket_size(4096)
         .with_profile(true);

@@ -11,12 +11,12 @@ use burn::data::dataset::InMemDataset;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
-use burn::train::{ExecutionStrategy, Learner, MultiDeviceOptim, SupervisedTraining};
+use burn::train::{ExecutionStrategy, Learner, MultiDeviceOptim};
 use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
 
 use crate::learner_steps::{Batch, Random, STARTS};
 use crate::models::{Model, Sizes};
-use crate::silent::Silent;
+use crate::silent::{Silent, quiet_training};
 use crate::spread;
 use crate::thread_cpu::thread_cpu;
 
@@ -210,10 +210,7 @@ impl<B: DataParallelBackend> Setup<B> {
         // One epoch, nothing logged or shown (a macro: its type follows the model's).
         macro_rules! training {
             () => {
-                SupervisedTraining::new(dir.path(), train, valid)
-                    .with_application_logger(None)
-                    .renderer(Silent)
-                    .num_epochs(1)
+                quiet_training!(dir.path(), train, valid, 1)
             };
         }
         match strategy {

@@ -14,7 +14,7 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
 use burn::record::{DefaultFileRecorder, FullPrecisionSettings, RecorderError};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_dataparallel::{ConcatBackend, DataParallel, DataParallelBackend, Forward};
 
 /// A small classifier of points in 8 dimensions into 4 classes.
@@ -173,6 +173,34 @@ pub fn load<B: Backend>(path: &Path, device: &B::Device) -> Result<Classifier<B>
     )
 }
 
+/// Step 1 of the hand-off programs: trains `model` through the wrapper on `replicas` copies of
+/// `device` over `batches`, prints the first and last loss, and saves the checkpoint into a
+/// fresh folder of the system's temporary folder named after `program`. Returns the
+/// checkpoint's path.
+pub fn train_and_save<B: DataParallelBackend>(
+    program: &str,
+    device: &B::Device,
+    replicas: usize,
+    batches: &[Batch],
+    optim: Optim,
+) -> std::path::PathBuf {
+    let model = Classifier::<B>::new(device);
+    let devices = vec![device.clone(); replicas];
+    let (model, losses) = train_data_parallel(model, devices, batches, optim);
+    let last = losses.len() - 1;
+    println!(
+        "DataParallel, {} steps: loss {:.4} -> {:.4}",
+        losses.len(),
+        losses[0],
+        losses[last]
+    );
+    let dir = std::env::temp_dir().join(format!("{program}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a checkpoint folder");
+    let path = dir.join("classifier");
+    save(model, &path).expect("save the checkpoint");
+    path
+}
+
 /// What one peer of the distributed run saw.
 pub struct PeerRun<B: Backend> {
     /// The model as loaded from the checkpoint, before any step.
@@ -327,74 +355,6 @@ pub fn first_half<B: DataParallelBackend>(
     let saved = parameters(&model);
     save(model, &dir.join("classifier")).expect("save");
     (all, saved)
-}
-
-/// Two global all-reduces one after the other on one node (`num_nodes(1)`), with
-/// burn-collective's orchestrator started in this process on the loopback interface: what
-/// every multi-node step does, reduced to its barrier. Each must return the tensor itself
-/// (the mean over one node) within `limit`.
-///
-/// burn-collective 0.21.0 as published fails the second: `SyncService::sync`
-/// (`src/global/node/sync.rs`), the barrier that ends every global all-reduce, compares and
-/// clears a copy of the shared list of arrived nodes, so at the next sync the list holds the
-/// node twice and never equals the node set. `patches/burn-collective-0.21.0.patch` fixes it.
-///
-/// # Errors
-///
-/// A message naming the all-reduce that did not return within `limit`.
-pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<(), String> {
-    let (orchestrator, data) = (free_port(), free_port());
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().expect("a runtime for the orchestrator");
-        runtime.block_on(collective::start_global_orchestrator(orchestrator));
-    });
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let address = |port: u16| {
-            format!("ws://127.0.0.1:{port}")
-                .parse()
-                .expect("an address")
-        };
-        let config = CollectiveConfig::default()
-            .with_num_devices(1)
-            .with_num_nodes(1)
-            .with_global_address(address(orchestrator))
-            .with_node_address(address(data))
-            .with_data_service_port(data);
-        collective::reset_collective::<B>();
-        let device: B::Device = Default::default();
-        let id = PeerId::from(0usize);
-        collective::register::<B>(id, device.clone(), config).expect("register");
-        for round in 0..2 {
-            let tensor = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0], &device);
-            let reduced = collective::all_reduce::<B>(
-                id,
-                tensor.into_primitive().tensor(),
-                ReduceOperation::Mean,
-            )
-            .expect("a global all-reduce");
-            let values = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced))
-                .into_data()
-                .to_vec::<f32>()
-                .expect("f32 values");
-            let _ = sender.send((round, values));
-        }
-        let _ = collective::finish_collective::<B>(id);
-    });
-    for round in 0..2 {
-        match receiver.recv_timeout(limit) {
-            Ok((_, values)) if values == [1.0, 2.0, 3.0] => {}
-            Ok((_, values)) => return Err(format!("all-reduce {round} gave {values:?}")),
-            Err(_) => {
-                return Err(format!(
-                    "global all-reduce {round} of one node did not return within {} s: the \
-                     barrier that ends it waits for a node set it can no longer match",
-                    limit.as_secs()
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A free TCP port on the loopback interface.

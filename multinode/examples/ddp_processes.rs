@@ -30,16 +30,7 @@ fn main() {
     // 1. Train through DataParallel on one machine (two replicas here) and save.
     let all = batches(40, global_batch);
     let (first, next) = all.split_at(20);
-    let model = Classifier::<B>::new(&device);
-    let (model, losses) = train_data_parallel(model, vec![device; 2], first, optim);
-    println!(
-        "DataParallel, 20 steps: loss {:.4} -> {:.4}",
-        losses[0], losses[19]
-    );
-    let dir = std::env::temp_dir().join(format!("ddp_processes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a checkpoint folder");
-    let path = dir.join("classifier");
-    save(model, &path).expect("save the checkpoint");
+    let path = train_and_save::<B>("ddp_processes", &device, 2, first, optim);
 
     // 2. Continue on `nodes` processes at the same global batch, each on its own slice.
     let exe = std::env::current_exe().expect("this program");
@@ -61,5 +52,5 @@ fn main() {
         let difference = relative_difference(&parameters(model), &parameters(&reference));
         println!("node {node} against DataParallel: relative difference {difference:.2e}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(path.parent().expect("the checkpoint folder"));
 }

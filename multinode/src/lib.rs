@@ -6,6 +6,8 @@
 //! A workspace of its own because `[patch.crates-io]` applies to a whole workspace: a project
 //! that depends on burn-dataparallel keeps the published crates.
 
+#[path = "../../examples/common/barrier.rs"]
+pub mod barrier;
 #[path = "../../examples/common/handoff.rs"]
 pub mod handoff;
 pub mod nodes;

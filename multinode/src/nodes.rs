@@ -3,7 +3,7 @@
 //! addresses), beside `handoff.rs`'s peers as threads.
 //!
 //! With burn-collective 0.21.0 as published this form hangs after the first gradients (its
-//! barrier, see [`two_global_all_reduces`](crate::handoff::two_global_all_reduces)); this
+//! barrier, see [`two_global_all_reduces`](crate::barrier::two_global_all_reduces)); this
 //! workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
 //! [`run_processes`] bounds the wait and fails with the nodes' state.
 

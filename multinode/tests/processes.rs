@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex};
+use burn_dataparallel_multinode::barrier::two_global_all_reduces;
 use burn_dataparallel_multinode::handoff::*;
 use burn_dataparallel_multinode::nodes::{Hosts, NODE_ENV, run_node_from_env, run_processes};
 

@@ -6,9 +6,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn::train::metric::{AccuracyMetric, LossMetric};
-use burn::train::{
-    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
-};
+use burn::train::{ClassificationOutput, InferenceStep, Learner, TrainOutput, TrainStep};
 use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Forward, impl_scatter};
 
@@ -111,6 +109,7 @@ impl<B: Backend> Batcher<B, Item, ImageBatch<B>> for ImageBatcher {
 #[path = "../common/silent.rs"]
 mod silent;
 pub use silent::Silent;
+pub(crate) use silent::quiet_training;
 
 /// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
 /// leave the parameters where the same training of the bare model leaves them.
@@ -135,22 +134,16 @@ fn learner_matches_bare<B: DataParallelBackend>() {
     let before = param_values(dp.module());
 
     let (train, valid) = loaders();
-    let trained_bare = SupervisedTraining::new(dir.path().join("bare"), train, valid)
+    let trained_bare = quiet_training!(dir.path().join("bare"), train, valid, 2)
         .metric_train_numeric(LossMetric::new())
         .metric_valid_numeric(AccuracyMetric::new())
-        .with_application_logger(None)
-        .renderer(Silent)
-        .num_epochs(2)
         .launch(Learner::new(bare, adam().init(), 1e-2))
         .model;
 
     let (train, valid) = loaders();
-    let trained_dp = SupervisedTraining::new(dir.path().join("wrapped"), train, valid)
+    let trained_dp = quiet_training!(dir.path().join("wrapped"), train, valid, 2)
         .metric_train_numeric(LossMetric::new())
         .metric_valid_numeric(AccuracyMetric::new())
-        .with_application_logger(None)
-        .renderer(Silent)
-        .num_epochs(2)
         .launch(Learner::new(dp, adam().init(), 1e-2))
         .model;
 

@@ -16,13 +16,12 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::train::metric::{AccuracyMetric, LossMetric};
 use burn::train::{
-    ClassificationOutput, InferenceStep, Learner, RegressionOutput, SupervisedTraining,
-    TrainOutput, TrainStep,
+    ClassificationOutput, InferenceStep, Learner, RegressionOutput, TrainOutput, TrainStep,
 };
 use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, LossReduction};
 
 use crate::common::*;
-use crate::learner::{ImageBatch, ImageBatcher, Silent, items};
+use crate::learner::{ImageBatch, ImageBatcher, Silent, items, quiet_training};
 
 /// What the model's own training step adds to a plain classification step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,13 +142,10 @@ macro_rules! train {
             .batch_size(7)
             .set_device($device.clone())
             .build(InMemDataset::new(items(10, 5)));
-        SupervisedTraining::new($dir, train, valid)
+        quiet_training!($dir, train, valid, 3)
             .metric_train_numeric(LossMetric::new())
             .metric_valid_numeric(LossMetric::new())
             .metric_valid_numeric(AccuracyMetric::new())
-            .with_application_logger(None)
-            .renderer(Silent)
-            .num_epochs(3)
             .launch(Learner::new($model, $optim, $lr))
             .model
     }};

@@ -17,15 +17,13 @@ use burn::optim::SgdConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use burn::train::metric::LossMetric;
-use burn::train::{
-    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
-};
+use burn::train::{ClassificationOutput, InferenceStep, Learner, TrainOutput, TrainStep};
 use burn_dataparallel::{
     ConcatBackend, DataParallel, DataParallelBackend, DataParallelError, Mean, Scatter, Shards,
 };
 
 use crate::common::*;
-use crate::learner::{ImageBatch, ImageBatcher, Item, Silent, items};
+use crate::learner::{ImageBatch, ImageBatcher, Item, Silent, items, quiet_training};
 
 /// Class 0 counts a quarter of class 1, class 2 four times as much.
 const CLASS_WEIGHTS: [f32; 3] = [0.25, 1.0, 4.0];
@@ -193,11 +191,8 @@ fn class_weighted_learner<B: DataParallelBackend>(stated: Stated) {
     macro_rules! train {
         ($model:expr, $dir:expr) => {{
             let (train, valid) = loaders();
-            SupervisedTraining::new(dir.path().join($dir), train, valid)
+            quiet_training!(dir.path().join($dir), train, valid, 3)
                 .metric_train_numeric(LossMetric::new())
-                .with_application_logger(None)
-                .renderer(Silent)
-                .num_epochs(3)
                 .launch(Learner::new($model, SgdConfig::new().init(), 5e-2))
                 .model
         }};

@@ -1,4 +1,5 @@
-//! A burn-train renderer that shows nothing, for the tests' and benches' Learner runs.
+//! A burn-train renderer that shows nothing, and the one Learner setup of the tests and
+//! benches ([`quiet_training!`]).
 
 use burn::train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
@@ -24,3 +25,20 @@ impl MetricsRenderer for Silent {
     fn manual_close(&mut self) {}
     fn register_metric(&mut self, _definition: burn::train::metric::MetricDefinition) {}
 }
+
+/// burn-train's `SupervisedTraining` over the data loaders `$train` and `$valid` for `$epochs`
+/// epochs, its logs in the folder `$dir`, without the application log and showing nothing
+/// (the [`Silent`] renderer, which the caller has in scope): the Learner setup every test and
+/// bench shares. Add metrics, then `launch`. A macro, as the builder's type follows the
+/// loaders'.
+#[allow(unused_macros)]
+macro_rules! quiet_training {
+    ($dir:expr, $train:expr, $valid:expr, $epochs:expr) => {
+        burn::train::SupervisedTraining::new($dir, $train, $valid)
+            .with_application_logger(None)
+            .renderer(Silent)
+            .num_epochs($epochs)
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use quiet_training;
