@@ -2,6 +2,7 @@
 //! copy of a wrapper carries.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use burn::config::Config;
 
@@ -53,7 +54,7 @@ pub struct DataParallelConfig {
     pub profile: bool,
     /// Under `Autodiff`, whether each replica's backward runs on its own worker thread, at the
     /// same time as the others (see the crate docs, "The pipeline"), on backends that allow it
-    /// ([`ConcatBackend::concurrent_backward`](crate::ConcatBackend::concurrent_backward): not
+    /// ([`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward): not
     /// `Fusion`, so on CUDA use `CubeBackend` to get it). Off: Burn runs the backward of every
     /// replica on the calling thread, one graph for all.
     #[config(default = true)]
@@ -71,6 +72,16 @@ pub struct DataParallelConfig {
     /// GPUs yet (`benches/RESULTS.md`, 2026-12-01, `081a4b9`).
     #[config(default = false)]
     pub overlap_reduce: bool,
+    /// Under the parallel backward, how long the caller's `backward()` waits for the
+    /// replicas' backwards, in seconds, before it panics with a message naming each replica
+    /// that is not done and where it stands: not yet running on its worker, waiting for its
+    /// autodiff graph (which another backward holds: a tracked tensor captured by the forward
+    /// closure and also used by the caller's loss, see the crate docs, "The parallel
+    /// backward"), or running. `None` waits for ever. Nothing else depends on how long a
+    /// replica takes; raise it where a first backward compiles and tunes kernels for longer
+    /// (CubeCL on a fresh cache takes minutes).
+    #[config(default = "Some(600)")]
+    pub backward_timeout_secs: Option<u64>,
     /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
     /// `Learner` (see [`LossReduction`]); the hand-written loop's backward is the gathered
     /// output's and needs no such setting.
@@ -96,6 +107,7 @@ pub(crate) struct Settings<D> {
     pub(crate) bucket_size: usize,
     pub(crate) parallel_backward: bool,
     pub(crate) overlap_reduce: bool,
+    pub(crate) backward_timeout: Option<Duration>,
     pub(crate) loss_reduction: LossReduction,
     /// One lane per device entry; none for a single device.
     pub(crate) workers: Option<Arc<Workers>>,
@@ -139,6 +151,7 @@ impl<D: Clone + PartialEq> Settings<D> {
             bucket_size: config.bucket_size,
             parallel_backward: config.parallel_backward,
             overlap_reduce: config.overlap_reduce,
+            backward_timeout: config.backward_timeout_secs.map(Duration::from_secs),
             loss_reduction: config.loss_reduction,
             workers,
             profiler,

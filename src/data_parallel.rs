@@ -166,7 +166,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
 
     /// Whether each replica's backward is to run on its own worker thread under autodiff
     /// ([`DataParallelConfig::parallel_backward`]; backends without
-    /// [`ConcatBackend::concurrent_backward`] run it on the calling thread regardless).
+    /// [`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward) run it on the calling thread regardless).
     pub fn parallel_backward(&self) -> bool {
         self.settings.parallel_backward
     }

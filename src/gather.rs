@@ -105,10 +105,7 @@ fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
         .into_iter()
         .enumerate()
         .map(|(replica, tensor)| {
-            let tensor = match shards.graphs() {
-                Some(graphs) => K::replica_output(tensor, graphs, replica),
-                None => tensor,
-            };
+            let tensor = shards.ties().output(tensor, replica);
             comm::move_to(tensor, shards.output_device())
         })
         .collect()

@@ -111,6 +111,7 @@
 //!
 #![cfg_attr(feature = "train", doc = include_str!("docs/learner.md"))]
 #![doc = include_str!("docs/parallel_backward.md")]
+#![doc = include_str!("docs/devices.md")]
 #![doc = include_str!("docs/pytorch.md")]
 #![doc = include_str!("docs/profile_and_cold_start.md")]
 #![doc = include_str!("docs/outgrowing.md")]
@@ -132,12 +133,13 @@ mod running_states;
 mod scatter;
 mod shards;
 mod step;
+mod ties;
 #[cfg(feature = "train")]
 mod train;
 mod warm_up;
 
 pub use backend::comm::ReduceBucket;
-pub use backend::{ConcatBackend, DataParallelBackend};
+pub use backend::{ConcatBackend, ConcatOps, DataParallelBackend, ReplicaOps, TransferOps};
 pub use config::DataParallelConfig;
 pub use data_parallel::DataParallel;
 pub use error::{BoxError, DataParallelError};

@@ -1,14 +1,10 @@
 //! How a batch is divided among the replicas.
 
-use std::sync::{Arc, Mutex, OnceLock};
-
 use burn::config::Config;
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
 
-use crate::backend::{ConcatKind, ReplicaGraphs};
 use crate::error::DataParallelError;
+use crate::ties::Ties;
 
 /// How a model's own training step reduces its loss over the batch, which says how the
 /// wrapper combines the replicas' gradients under burn-train's `Learner`
@@ -40,17 +36,13 @@ pub struct Shards<B: Backend> {
     sizes: Vec<usize>,
     devices: Vec<B::Device>,
     output_device: B::Device,
-    /// The forward's per-replica autodiff graphs, when it has them.
-    graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
-    /// Under the single backward with several replicas: the tracked tensors the scatter gave
-    /// the replicas, for the replicate stage to join into the parameters' graph on the
-    /// calling thread (see [`Shards::join_later`]).
-    joins: Option<Arc<Mutex<Vec<FloatTensor<B>>>>>,
+    /// How the replicas are tied to the caller's autodiff graph.
+    ties: Ties<B>,
     /// How the losses of burn-train's output types combine.
     loss_reduction: LossReduction,
     /// The shares the scattered parts stated
     /// ([`Scatter::loss_weight`](crate::Scatter::loss_weight)), once weighed.
-    stated_shares: Arc<OnceLock<Vec<f64>>>,
+    stated_shares: Option<Vec<f64>>,
 }
 
 impl<B: Backend> Shards<B> {
@@ -75,10 +67,9 @@ impl<B: Backend> Shards<B> {
             devices: replicas.iter().map(|&i| devices[i].clone()).collect(),
             replicas,
             output_device,
-            graphs: None,
-            joins: None,
+            ties: Ties::Shared,
             loss_reduction: LossReduction::Mean,
-            stated_shares: Arc::default(),
+            stated_shares: None,
         }
     }
 
@@ -97,49 +88,14 @@ impl<B: Backend> Shards<B> {
         self.loss_reduction
     }
 
-    /// These shards with the forward's per-replica graphs.
-    pub(crate) fn with_graphs(self, graphs: Option<Arc<dyn ReplicaGraphs<B>>>) -> Self {
-        Self { graphs, ..self }
+    /// These shards with the forward's ties to the caller's graph.
+    pub(crate) fn with_ties(self, ties: Ties<B>) -> Self {
+        Self { ties, ..self }
     }
 
-    /// The forward's per-replica graphs, when it has them.
-    pub(crate) fn graphs(&self) -> Option<&dyn ReplicaGraphs<B>> {
-        self.graphs.as_deref()
-    }
-
-    /// These shards collecting the tracked tensors their scatter makes
-    /// ([`join_later`](Self::join_later)).
-    pub(crate) fn with_joins(self) -> Self {
-        Self {
-            joins: Some(Arc::default()),
-            ..self
-        }
-    }
-
-    /// Keeps `tensor` when it is tracked and these shards collect them (a shard of a tracked
-    /// input or a broadcast copy the scatter gave a replica), for the replicate stage to join
-    /// into the parameters' autodiff graph on the calling thread. Under the single backward, the replicas' forwards build one
-    /// graph from their threads; without this, their first operations would merge the
-    /// input's graph with the parameters' from several threads at once, which Burn 0.21's
-    /// graph locator can get wrong (a wrong gradient, once in hundreds of steps, with other
-    /// autodiff threads running: `tests/backends/races.rs`).
-    pub(crate) fn join_later<const D: usize, K: ConcatKind<B>>(&self, tensor: &Tensor<B, D, K>) {
-        if let Some(joins) = &self.joins
-            && let Some(tracked) = K::tracked_float(tensor)
-        {
-            joins
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(tracked);
-        }
-    }
-
-    /// The tensors kept by [`join_later`](Self::join_later), taken.
-    pub(crate) fn take_joins(&self) -> Vec<FloatTensor<B>> {
-        match &self.joins {
-            Some(joins) => std::mem::take(&mut *joins.lock().unwrap_or_else(|e| e.into_inner())),
-            None => Vec::new(),
-        }
+    /// How the forward's replicas are tied to the caller's autodiff graph.
+    pub(crate) fn ties(&self) -> &Ties<B> {
+        &self.ties
     }
 
     /// Number of shards (replicas taking part).
@@ -187,7 +143,7 @@ impl<B: Backend> Shards<B> {
     /// or else each shard's rows over the batch's. [`Mean`](crate::Mean) values and, under
     /// burn-train's `Learner`, the replicas' gradients are weighted by these.
     pub fn loss_shares(&self) -> Vec<f64> {
-        match self.stated_shares.get() {
+        match &self.stated_shares {
             Some(shares) => shares.clone(),
             None => {
                 let total = self.batch_size() as f64;
@@ -197,9 +153,9 @@ impl<B: Backend> Shards<B> {
     }
 
     /// Takes `shares` (summing to one, one per shard) as the shards'
-    /// [`loss_shares`](Shards::loss_shares); the first call wins.
-    pub(crate) fn set_loss_shares(&self, shares: Vec<f64>) {
-        let _ = self.stated_shares.set(shares);
+    /// [`loss_shares`](Shards::loss_shares).
+    pub(crate) fn set_loss_shares(&mut self, shares: Vec<f64>) {
+        self.stated_shares = Some(shares);
     }
 }
 

@@ -16,16 +16,17 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
-use crate::backend::{ConcatBackend, ReplicaGraphs, ReplicaSetup};
+use crate::backend::{ConcatBackend, ReplicaSetup};
 use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure, Runtime, Workers};
 use crate::profile::{self, Sink, Stage};
-use crate::replicate::{Links, replicate_for_step};
+use crate::replicate::replicate_for_step;
 use crate::running_states::{self, OwnStates, RunningStates};
 use crate::scatter::{self, Scatter};
 use crate::shards::Shards;
+use crate::ties::{Backward, Ties};
 
 /// Runs `forward` on every shard of `input` through `dp` and gathers the outputs.
 pub(crate) fn forward<B, M, I, O, E, F>(
@@ -43,20 +44,19 @@ where
     E: Into<BoxError>,
     F: Fn(&M, I) -> Result<O, E> + Sync,
 {
-    let step = Step::new(settings, shards(settings, &input)?, true)?;
-    let forward = |replica: &M, (shard, input): (usize, I)| {
+    let mut step = Step::new(settings, shards(settings, &input)?, Backward::Caller)?;
+    let timed = |step: &Step<B>, replica: &M, (shard, input): (usize, I)| {
         step.replica(shard, || forward(replica, input).map_err(Into::into))
     };
     if step.direct(settings) {
-        return step.run_module(module, input, forward);
+        return step.run_module(module, input, |m, input| timed(&step, m, input));
     }
     let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
     step.weigh(&inputs)?;
-    let links = step.links();
     let (replicas, states) = step.stage(Stage::Replicate, || {
-        step.replicate(module, settings, own_states, links)
+        step.replicate(module, settings, own_states)
     })?;
-    let results = step.apply(replicas, inputs, &forward);
+    let results = step.apply(replicas, inputs, &|m: &M, input| timed(&step, m, input));
     step.stage(Stage::RunningStates, || {
         states.finish(module, &settings.output_device, &step.distinct)
     });
@@ -94,19 +94,19 @@ pub(crate) fn shards<B: Backend, I: Scatter<B>>(
     }
 }
 
-/// One step's shards, devices, per-replica graphs and profile.
+/// One step's shards (with their ties to the caller's graph), devices and profile.
 pub(crate) struct Step<B: ConcatBackend> {
     pub(crate) shards: Shards<B>,
     /// Each device once: the output device, then the replicas' devices.
     pub(crate) distinct: Vec<B::Device>,
     pub(crate) sink: Option<Arc<Sink>>,
-    graphs: Option<Arc<dyn ReplicaGraphs<B>>>,
     workers: Option<Arc<Workers>>,
 }
 
 impl<B: ConcatBackend> Step<B> {
-    /// The step of `dp` over `shards`; with `graphs`, per-replica graphs for the parallel
-    /// backward where the backend and the settings allow.
+    /// The step of `dp` over `shards`, followed by `backward`: under the caller's backward,
+    /// per-replica graphs for the parallel backward where the backend and the settings allow
+    /// (see `ties.rs`).
     ///
     /// # Errors
     ///
@@ -115,7 +115,7 @@ impl<B: ConcatBackend> Step<B> {
     pub(crate) fn new(
         settings: &Settings<B::Device>,
         shards: Shards<B>,
-        graphs: bool,
+        backward: Backward,
     ) -> Result<Self, DataParallelError> {
         let output_device = &settings.output_device;
         if !B::device_transfers() && shards.devices().iter().any(|d| d != output_device) {
@@ -132,7 +132,11 @@ impl<B: ConcatBackend> Step<B> {
         let sink = settings.profiler.start(shards.len());
         let workers = settings.workers.clone();
         let graphs = match &workers {
-            Some(workers) if graphs && settings.parallel_backward && shards.len() > 1 => {
+            Some(workers)
+                if backward == Backward::Caller
+                    && settings.parallel_backward
+                    && shards.len() > 1 =>
+            {
                 let runtime = Runtime {
                     workers: workers.clone(),
                     sink: sink.clone(),
@@ -143,20 +147,16 @@ impl<B: ConcatBackend> Step<B> {
                         .collect(),
                     runtime: Arc::new(runtime),
                     reduce_bucket_size: settings.overlap_reduce.then_some(settings.bucket_size),
+                    backward_timeout: settings.backward_timeout,
                 })
             }
             _ => None,
         };
-        // The single backward with several replicas builds one graph from their threads.
-        let shards = match (&graphs, &workers) {
-            (None, Some(_)) if shards.len() > 1 => shards.with_joins(),
-            _ => shards,
-        };
+        let ties = Ties::new(backward, shards.len(), graphs);
         Ok(Self {
-            shards: shards.with_graphs(graphs.clone()),
+            shards: shards.with_ties(ties),
             distinct,
             sink,
-            graphs,
             workers,
         })
     }
@@ -167,7 +167,7 @@ impl<B: ConcatBackend> Step<B> {
     /// # Errors
     ///
     /// Those of [`scatter::stated_shares`].
-    pub(crate) fn weigh<I: Scatter<B>>(&self, parts: &[I]) -> Result<(), DataParallelError> {
+    pub(crate) fn weigh<I: Scatter<B>>(&mut self, parts: &[I]) -> Result<(), DataParallelError> {
         if let Some(shares) = scatter::stated_shares(parts)? {
             self.shards.set_loss_shares(shares);
         }
@@ -220,15 +220,6 @@ impl<B: ConcatBackend> Step<B> {
         profile::replica::<B, _>(self.sink.as_ref(), shard, device, f)
     }
 
-    /// How the replicas of a forward are tied to the module: through the per-replica graphs
-    /// when the step has them, otherwise through the caller's graph.
-    pub(crate) fn links(&self) -> Links<'_, B> {
-        match &self.graphs {
-            Some(graphs) => Links::Graphs(graphs.as_ref()),
-            None => Links::Shared,
-        }
-    }
-
     /// The replicas of the step, with their running states planned.
     ///
     /// # Errors
@@ -241,15 +232,13 @@ impl<B: ConcatBackend> Step<B> {
         module: &M,
         settings: &Settings<B::Device>,
         own_states: Option<OwnStates<M>>,
-        links: Links<'_, B>,
     ) -> Result<(Vec<M>, RunningStates<B, M>), DataParallelError> {
         let (replicas, states) = replicate_for_step(
             module,
             self.shards.devices(),
             settings.bucket_size,
             own_states,
-            links,
-            self.shards.take_joins(),
+            self.shards.ties(),
         );
         if states.shared_elsewhere && !B::orders_receives() {
             return Err(DataParallelError::SharedRunningStates {
@@ -272,7 +261,7 @@ impl<B: ConcatBackend> Step<B> {
         O: Send,
         F: Fn(&M, (usize, I)) -> Result<O, BoxError> + Sync,
     {
-        if let Some(graphs) = &self.graphs {
+        if let Some(graphs) = self.shards.ties().graphs() {
             graphs.begin_forward();
         }
         let inputs = inputs.into_iter().enumerate();
@@ -314,7 +303,7 @@ impl<B: ConcatBackend> Step<B> {
     /// [`DataParallelError::CapturedTensor`] when a replica's outputs use a tracked tensor
     /// that it did not receive through its input.
     fn seal(&self) -> Result<(), DataParallelError> {
-        let Some(graphs) = &self.graphs else {
+        let Some(graphs) = self.shards.ties().graphs() else {
             return Ok(());
         };
         graphs
@@ -328,7 +317,7 @@ impl<B: ConcatBackend> Step<B> {
 
 impl<B: ConcatBackend> Drop for Step<B> {
     fn drop(&mut self) {
-        if let Some(graphs) = &self.graphs {
+        if let Some(graphs) = self.shards.ties().graphs() {
             let _ = graphs.seal();
         }
     }

@@ -26,12 +26,12 @@ use crate::data_parallel::own_states;
 use crate::error::DataParallelError;
 use crate::gather::{Gather, Mean, Sum};
 use crate::profile::Stage;
-use crate::replicate::Links;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
 use crate::shards::LossReduction;
 use crate::shards::Shards;
 use crate::step::{self, Step};
+use crate::ties::Backward;
 
 mod combine;
 
@@ -121,7 +121,7 @@ where
     M::Output: Gather<B> + Send,
 {
     let settings = &dp.settings;
-    let step = Step::new(settings, step::shards(settings, &item)?, false)?;
+    let mut step = Step::new(settings, step::shards(settings, &item)?, Backward::OwnStep)?;
     if step.direct(settings) {
         return Ok(TrainStep::step(&dp.module, item));
     }
@@ -129,7 +129,7 @@ where
     step.weigh(&inputs)?;
     let own = dp.own_states.or(Some(own_states::<B, M>));
     let (replicas, states) = step.stage(Stage::Replicate, || {
-        step.replicate(&dp.module, settings, own, Links::Independent)
+        step.replicate(&dp.module, settings, own)
     })?;
     // A step ends with the model's own `loss.backward()`: one at a time where the backend
     // or the settings allow no concurrent backwards (Fusion, `parallel_backward(false)`), as

@@ -2,7 +2,7 @@
 //! `WgpuDevice::DefaultDevice` and `WgpuDevice::Cpu` are two Burn devices, each with its own
 //! CubeCL server (over Mesa's lavapipe in CI, both on the one CPU adapter), and Burn 0.21's
 //! `to_device` between them is not implemented. The wrapper moves tensors between them
-//! through host memory (`ConcatBackend::host_staged_transfers`): parameters are copied to the
+//! through host memory (`TransferOps::host_staged_transfers`): parameters are copied to the
 //! other device, shards scattered, outputs gathered and gradients reduced across devices, as
 //! on several GPUs, and the results equal a single-device run's. Each case checks that the
 //! transfers really ran (the step profile's bytes).
@@ -16,7 +16,9 @@ use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, Wgpu, WgpuDevice, WgpuRuntime};
 use burn::module::Module;
 use burn::tensor::Tensor;
-use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelError, Mean};
+use burn_dataparallel::{
+    DataParallel, DataParallelBackend, DataParallelError, Mean, replicate_with_buckets,
+};
 use common::*;
 
 /// `CubeBackend` on wgpu (replicas' backwards at once) and Burn's default `Wgpu` (Fusion).
@@ -46,6 +48,14 @@ fn skip(test: &str) -> bool {
         }
     });
     skip_without_wgpu(test)
+}
+
+/// Holds the tests of this file to one at a time: on two cores, lavapipe compiling several
+/// tests' kernels at once made single tests pass their watchdog's 120 s (98 s for all five in
+/// a row).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn mse<B: DataParallelBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
@@ -120,6 +130,7 @@ fn batch_norm_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: 
 
 #[test]
 fn cube_mlp_across_devices() {
+    let _one = one_at_a_time();
     within("cube_mlp_across_devices", || {
         mlp_across_devices::<Cube>("cube_mlp_across_devices")
     });
@@ -127,6 +138,7 @@ fn cube_mlp_across_devices() {
 
 #[test]
 fn fusion_mlp_across_devices() {
+    let _one = one_at_a_time();
     within("fusion_mlp_across_devices", || {
         mlp_across_devices::<Fused>("fusion_mlp_across_devices")
     });
@@ -134,20 +146,70 @@ fn fusion_mlp_across_devices() {
 
 #[test]
 fn cube_batch_norm_across_devices() {
+    let _one = one_at_a_time();
     within("cube_batch_norm_across_devices", || {
         batch_norm_across_devices::<Cube>("cube_batch_norm_across_devices")
+    });
+}
+
+/// A module copied to the other device in 256-byte buckets ([`replicate_with_buckets`]: the
+/// first layer's weight alone, its bias with the output layer's, the frozen output weight
+/// alone) computes the original's output there, and the original parameters get the same
+/// gradients back through the buckets' backward; the frozen one gains none.
+#[test]
+fn a_module_moved_in_buckets_trains_like_the_original() {
+    let _one = one_at_a_time();
+    within("a_module_moved_in_buckets_trains_like_the_original", || {
+        if skip("a_module_moved_in_buckets_trains_like_the_original") {
+            return;
+        }
+        let (home, other) = (WgpuDevice::DefaultDevice, WgpuDevice::Cpu);
+        let mut model = Mlp::<Cube>::new(6, 16, 3, &home);
+        model.output.weight = model.output.weight.set_require_grad(false);
+        let rows = [[0.5, -1.0, 2.0, 0.0, 1.5, -0.25]; 3];
+        let copy = replicate_with_buckets(&model, std::slice::from_ref(&other), 256)
+            .pop()
+            .expect("one copy");
+        assert_eq!(copy.hidden.weight.val().device(), other);
+        let output = copy.forward(Tensor::from_floats(rows, &other));
+        let expected = model.forward(Tensor::from_floats(rows, &home));
+        assert_close(&values(output.clone()), &values(expected.clone()), "output");
+        let grads = (output.clone() * output).sum().backward();
+        let reference = (expected.clone() * expected).sum().backward();
+        let gradients = |param: &Tensor<Cube, 1>| {
+            let got = param.grad(&grads).expect("a gradient");
+            let want = param.grad(&reference).expect("a gradient");
+            assert_eq!(got.device(), home, "the gradient's device");
+            (data_values(got.into_data()), data_values(want.into_data()))
+        };
+        let weight = model.hidden.weight.val();
+        let got = weight.grad(&grads).expect("a gradient");
+        let want = weight.grad(&reference).expect("a gradient");
+        assert_eq!(got.device(), home, "the weight gradient's device");
+        assert_close(
+            &data_values(got.into_data()),
+            &data_values(want.into_data()),
+            "weight",
+        );
+        for bias in [&model.hidden.bias, &model.output.bias] {
+            let (got, want) = gradients(&bias.as_ref().expect("a bias").val());
+            assert_close(&got, &want, "bias");
+        }
+        assert!(model.output.weight.val().grad(&grads).is_none());
+        assert!(!copy.output.weight.val().is_require_grad());
     });
 }
 
 /// One host-staged move, no wrapper: the values arrive on the other device.
 #[test]
 fn host_staged_move() {
+    let _one = one_at_a_time();
     within("host_staged_move", || {
         if skip("host_staged_move") {
             return;
         }
         type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
-        use burn_dataparallel::ConcatBackend;
+        use burn_dataparallel::TransferOps;
         let rows = [[1.0, 2.0], [3.0, 4.0]];
         let tensor = Tensor::<Inner, 2>::from_floats(rows, &WgpuDevice::DefaultDevice);
         let moved = Inner::float_move(tensor.into_primitive().tensor(), &WgpuDevice::Cpu);

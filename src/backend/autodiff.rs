@@ -1,6 +1,6 @@
-//! [`ConcatBackend`] for `Autodiff`: the backward of a concatenation splits the gradient, and
+//! The extension traits for `Autodiff`: the backward of a concatenation splits the gradient, and
 //! the backward of each split piece concatenates its gradient with zeros for the others. The
-//! backward of a coalesced transfer ([`ConcatBackend::float_move_split`]) collects all the
+//! backward of a coalesced transfer ([`TransferOps::float_move_split`]) collects all the
 //! pieces' gradients into one buffer and moves it back in one transfer.
 
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{FloatDType, TensorMetadata};
 
 use super::comm::{self, TransferLog};
-use super::{ConcatBackend, MAX_TRACKED_INPUTS};
+use super::{ConcatBackend, ConcatOps, MAX_TRACKED_INPUTS, ReplicaOps, TransferOps};
 
 #[derive(Debug)]
 struct ConcatBackward;
@@ -186,7 +186,7 @@ macro_rules! concat_by_count {
     };
 }
 
-impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
+impl<B: ConcatBackend, C: CheckpointStrategy> ConcatOps for Autodiff<B, C> {
     fn float_concat(mut tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
         if tensors.len() > MAX_TRACKED_INPUTS {
             let mut groups = Vec::new();
@@ -233,11 +233,9 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         B::int_split(tensor, sizes, dim)
     }
+}
 
-    fn float_is_tracked(tensor: &FloatTensor<Self>) -> bool {
-        tensor.is_tracked()
-    }
-
+impl<B: ConcatBackend, C: CheckpointStrategy> TransferOps for Autodiff<B, C> {
     fn device_transfers() -> bool {
         B::device_transfers()
     }
@@ -254,25 +252,8 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         B::orders_receives()
     }
 
-    fn concurrent_backward() -> bool {
-        B::concurrent_backward()
-    }
-
-    fn fusion_half_precision() -> bool {
-        B::fusion_half_precision()
-    }
-
     fn fence_receive(destination: &Self::Device) {
         B::fence_receive(destination)
-    }
-
-    fn replica_graphs(
-        setup: super::ReplicaSetup<Self>,
-    ) -> Option<Arc<dyn super::ReplicaGraphs<Self>>> {
-        if !B::concurrent_backward() {
-            return None;
-        }
-        Some(super::replica_graphs::Graphs::<B, C>::new(setup))
     }
 
     fn float_move(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
@@ -288,19 +269,6 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
         {
             OpsKind::Tracked(prep) => prep.finish(source, moved),
             OpsKind::UnTracked(prep) => prep.finish(moved),
-        }
-    }
-
-    fn float_join_graphs(mut tensors: Vec<FloatTensor<Self>>) {
-        // Joined in groups of at most 16 parents, then the groups' nodes, until one is left.
-        while tensors.len() > 1 {
-            let mut joined = Vec::new();
-            while !tensors.is_empty() {
-                let rest = tensors.split_off(tensors.len().min(MAX_TRACKED_INPUTS));
-                joined.push(super::replica_graphs::join::<B, C>(tensors));
-                tensors = rest;
-            }
-            tensors = joined;
         }
     }
 
@@ -343,5 +311,41 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ConcatBackend for Autodiff<B, C> {
                 }
             })
             .collect()
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaOps for Autodiff<B, C> {
+    fn float_is_tracked(tensor: &FloatTensor<Self>) -> bool {
+        tensor.is_tracked()
+    }
+
+    fn concurrent_backward() -> bool {
+        B::concurrent_backward()
+    }
+
+    fn fusion_half_precision() -> bool {
+        B::fusion_half_precision()
+    }
+
+    fn replica_graphs(
+        setup: super::ReplicaSetup<Self>,
+    ) -> Option<Arc<dyn super::ReplicaGraphs<Self>>> {
+        if !B::concurrent_backward() {
+            return None;
+        }
+        Some(super::replica_graphs::Graphs::<B, C>::new(setup))
+    }
+
+    fn float_join_graphs(mut tensors: Vec<FloatTensor<Self>>) {
+        // Joined in groups of at most 16 parents, then the groups' nodes, until one is left.
+        while tensors.len() > 1 {
+            let mut joined = Vec::new();
+            while !tensors.is_empty() {
+                let rest = tensors.split_off(tensors.len().min(MAX_TRACKED_INPUTS));
+                joined.push(super::replica_graphs::join::<B, C>(tensors));
+                tensors = rest;
+            }
+            tensors = joined;
+        }
     }
 }

@@ -1,14 +1,14 @@
-//! [`ConcatBackend`] for CubeCL backends: this crate's kernels, and fences around device
+//! The extension traits for CubeCL backends: this crate's kernels, and fences around device
 //! moves on runtimes with device-to-device communication (CUDA).
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_cubecl::cubecl::server::ServerCommunication;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
-use super::ConcatBackend;
+use super::{ConcatOps, ReplicaOps, TransferOps};
 use crate::kernels;
 
-impl<R, F, I, BT> ConcatBackend for CubeBackend<R, F, I, BT>
+impl<R, F, I, BT> ConcatOps for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
     F: FloatElement,
@@ -34,7 +34,15 @@ where
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         kernels::split(tensor, sizes, dim)
     }
+}
 
+impl<R, F, I, BT> TransferOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
     fn host_staged_transfers() -> bool {
         !<R::Server as ServerCommunication>::SERVER_COMM_ENABLED
     }
@@ -67,4 +75,13 @@ where
             );
         }
     }
+}
+
+impl<R, F, I, BT> ReplicaOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
 }

@@ -1,4 +1,4 @@
-//! [`ConcatBackend`] for `Fusion`: concatenations and splits are recorded as custom
+//! The extension traits for `Fusion`: concatenations and splits are recorded as custom
 //! operations and run the inner backend's kernels when the stream executes them.
 
 use burn::tensor::Element;
@@ -7,7 +7,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use super::ConcatBackend;
+use super::{ConcatBackend, ConcatOps, ReplicaOps, TransferOps};
 
 /// Float or int tensors: which handle accessors a custom operation uses.
 #[derive(Clone, Copy, Debug)]
@@ -127,7 +127,7 @@ fn record_split<B: FusionBackend + ConcatBackend>(
     client.register(streams, OperationIr::Custom(desc), operation)
 }
 
-impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
+impl<B: FusionBackend + ConcatBackend> ConcatOps for Fusion<B> {
     fn float_concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
         record_concat::<B>(tensors, dim, Kind::Float)
     }
@@ -147,21 +147,25 @@ impl<B: FusionBackend + ConcatBackend> ConcatBackend for Fusion<B> {
     fn int_split(tensor: IntTensor<Self>, sizes: &[usize], dim: usize) -> Vec<IntTensor<Self>> {
         record_split::<B>(tensor, sizes, dim, Kind::Int)
     }
+}
 
-    fn device_transfers() -> bool {
-        B::device_transfers()
-    }
-
-    fn host_staged_transfers() -> bool {
-        B::host_staged_transfers()
-    }
-
+impl<B: FusionBackend + ConcatBackend> ReplicaOps for Fusion<B> {
     fn concurrent_backward() -> bool {
         false
     }
 
     fn fusion_half_precision() -> bool {
         FloatElem::<Self>::dtype() == burn::tensor::DType::F16
+    }
+}
+
+impl<B: FusionBackend + ConcatBackend> TransferOps for Fusion<B> {
+    fn device_transfers() -> bool {
+        B::device_transfers()
+    }
+
+    fn host_staged_transfers() -> bool {
+        B::host_staged_transfers()
     }
 
     // `Fusion`'s `to_device` runs the inner backend's transfer at once, on the calling thread.

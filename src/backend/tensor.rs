@@ -21,8 +21,8 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
     ) -> Vec<Tensor<B, D, Self>>;
 
     /// Moves to `device` between a fence on the destination
-    /// ([`ConcatBackend::fence_receive`]) and one on the source
-    /// ([`ConcatBackend::fence_transfers`]).
+    /// ([`TransferOps::fence_receive`](crate::TransferOps::fence_receive)) and one on the source
+    /// ([`TransferOps::fence_transfers`](crate::TransferOps::fence_transfers)).
     fn move_to<const D: usize>(
         tensor: Tensor<B, D, Self>,
         device: &B::Device,
@@ -71,7 +71,7 @@ pub trait ConcatKind<B: Backend>: BasicOps<B> + Sized {
 }
 
 /// Burn's `to_device` between fences on the destination and the source, or through host
-/// memory on backends with [`ConcatBackend::host_staged_transfers`].
+/// memory on backends with [`TransferOps::host_staged_transfers`].
 fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
     tensor: Tensor<B, D, K>,
     device: &B::Device,
@@ -355,7 +355,7 @@ pub fn move_split<B: ConcatBackend>(
     }
 }
 
-/// Whether `tensor` is part of an autodiff graph ([`ConcatBackend::float_is_tracked`]): a
+/// Whether `tensor` is part of an autodiff graph ([`ReplicaOps::float_is_tracked`]): a
 /// trainable leaf, or a tensor computed from one (a parameter that a model's own `optimize`
 /// clamped, say).
 pub(crate) fn is_tracked<B: ConcatBackend, const D: usize>(tensor: &Tensor<B, D>) -> bool {

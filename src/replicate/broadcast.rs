@@ -23,7 +23,28 @@ pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     device: &B::Device,
     bucket_size: usize,
 ) -> M {
-    move_coalesced_inner(module, device, bucket_size, true)
+    let mut collect = Collect {
+        device,
+        outgoing: Vec::new(),
+        others_elsewhere: false,
+    };
+    module.visit(&mut collect);
+    if collect.outgoing.is_empty() && !collect.others_elsewhere {
+        return module.clone();
+    }
+    let outgoing = collect.outgoing;
+    let layout: Vec<(DType, bool, usize)> = outgoing
+        .iter()
+        .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
+        .collect();
+    let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
+    for bucket in comm::plan_buckets(&layout, bucket_size) {
+        let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
+        for (&i, piece) in bucket.iter().zip(comm::move_coalesced(flats, device)) {
+            arrived.insert(outgoing[i].id, piece);
+        }
+    }
+    module.clone().map(&mut MoveTo { device, arrived })
 }
 
 /// Whether every parameter of `module` is on `device` already (a [`move_coalesced`] to it
@@ -53,43 +74,9 @@ impl<B: Backend> ModuleVisitor<B> for OnDevice<'_, B> {
     }
 }
 
-/// [`move_coalesced`]; `skip_local: false` sends even parameters already on `device` through
-/// the buckets, so that one-device tests run the whole transfer path.
-fn move_coalesced_inner<B: ConcatBackend, M: Module<B>>(
-    module: &M,
-    device: &B::Device,
-    bucket_size: usize,
-    skip_local: bool,
-) -> M {
-    let mut collect = Collect {
-        device,
-        skip_local,
-        outgoing: Vec::new(),
-        others_elsewhere: false,
-    };
-    module.visit(&mut collect);
-    if collect.outgoing.is_empty() && !collect.others_elsewhere {
-        return module.clone();
-    }
-    let outgoing = collect.outgoing;
-    let layout: Vec<(DType, bool, usize)> = outgoing
-        .iter()
-        .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
-        .collect();
-    let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
-    for bucket in comm::plan_buckets(&layout, bucket_size) {
-        let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
-        for (&i, piece) in bucket.iter().zip(comm::move_coalesced(flats, device)) {
-            arrived.insert(outgoing[i].id, piece);
-        }
-    }
-    module.clone().map(&mut MoveTo { device, arrived })
-}
-
 /// Flattens every non-empty float parameter that is not on `device` yet.
 struct Collect<'a, B: Backend> {
     device: &'a B::Device,
-    skip_local: bool,
     outgoing: Vec<Outgoing<B>>,
     /// Whether a parameter that does not travel in a bucket is on another device.
     others_elsewhere: bool,
@@ -100,7 +87,7 @@ impl<B: ConcatBackend> ModuleVisitor<B> for Collect<'_, B> {
         let tensor = param.val();
         let elements = tensor.shape().num_elements();
         let local = tensor.device() == *self.device;
-        if elements == 0 || (self.skip_local && local) {
+        if elements == 0 || local {
             self.others_elsewhere |= !local;
             return;
         }
@@ -160,76 +147,8 @@ mod tests {
     use super::*;
     use crate::backend;
     use burn::backend::{Autodiff, Flex};
-    use burn::module::Module;
 
     type B = Autodiff<Flex>;
-
-    #[derive(Module, Debug)]
-    struct Mlp<B: Backend> {
-        first: burn::nn::Linear<B>,
-        second: burn::nn::Linear<B>,
-    }
-
-    impl<B: Backend> Mlp<B> {
-        fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-            self.second.forward(self.first.forward(x).tanh())
-        }
-    }
-
-    /// A whole module through the buckets (forced on one device): the copy computes the same
-    /// output bit for bit, the original parameters get the same gradients, and the profile
-    /// counts one transfer per bucket each way.
-    #[test]
-    fn a_module_moved_in_buckets_trains_like_the_original() {
-        use crate::profile::{Profiler, Stage, stage};
-        use burn::nn::LinearConfig;
-
-        let device = Default::default();
-        let mut model = Mlp::<B> {
-            first: LinearConfig::new(6, 16).init(&device),
-            second: LinearConfig::new(16, 3).init(&device),
-        };
-        // A frozen parameter travels in a bucket of its own and gains no gradient.
-        model.second.weight = model.second.weight.set_require_grad(false);
-        let x = Tensor::<B, 2>::from_floats([[0.5, -1.0, 2.0, 0.0, 1.5, -0.25]; 3], &device);
-
-        let profiler = Profiler::default();
-        profiler.set_enabled(true);
-        let sink = profiler.start(1);
-        // 256-byte buckets: [first.weight 384 B], [first.bias 64 B, second.bias 12 B] tracked,
-        // [second.weight 192 B] frozen.
-        let copy = stage::<B, _>(sink.as_ref(), Stage::Replicate, &[device], || {
-            move_coalesced_inner(&model, &device, 256, false)
-        });
-        let output = copy.forward(x.clone());
-        let expected = model.forward(x);
-        assert_eq!(output.to_data(), expected.to_data());
-
-        let grads = (output.clone() * output).sum().backward();
-        let reference = (expected.clone() * expected).sum().backward();
-        let weight = model.first.weight.val();
-        assert_eq!(
-            weight.grad(&grads).unwrap().to_data(),
-            weight.grad(&reference).unwrap().to_data()
-        );
-        let biases = [
-            model.first.bias.as_ref().unwrap().val(),
-            model.second.bias.as_ref().unwrap().val(),
-        ];
-        for (i, param) in biases.iter().enumerate() {
-            let got = param.grad(&grads).expect("gradient");
-            let want = param.grad(&reference).expect("gradient");
-            assert_eq!(got.to_data(), want.to_data(), "bias {i}");
-        }
-        assert!(model.second.weight.val().grad(&grads).is_none());
-        assert!(!copy.second.weight.val().is_require_grad());
-
-        let profile = profiler.last().unwrap();
-        assert_eq!(profile.bytes_broadcast, 4 * (96 + 16 + 48 + 3));
-        assert_eq!(profile.broadcast_transfers, 3);
-        assert_eq!(profile.bytes_reduced, 4 * (96 + 16 + 3));
-        assert_eq!(profile.reduce_transfers, 2);
-    }
 
     /// Coalesce then move-split round-trips values bit for bit, and the gradients that come back
     /// through one buffer equal those of the same loss on the original tensors (zero for an

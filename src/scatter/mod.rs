@@ -116,26 +116,14 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
     }
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
-        let Some(graphs) = shards.graphs() else {
-            return comm::split(self, shards.sizes(), shards.dim())
-                .into_iter()
-                .zip(shards.devices())
-                .map(|(piece, device)| {
-                    let piece = comm::move_to(piece, device);
-                    shards.join_later(&piece);
-                    piece
-                })
-                .collect();
-        };
-        // Each replica's rows start a graph of its own, with their gradient going to `self`.
+        let ties = shards.ties();
         let part = Part::Rows { dim: shards.dim() };
-        comm::split(K::detach(self.clone()), shards.sizes(), shards.dim())
+        comm::split(ties.source(&self), shards.sizes(), shards.dim())
             .into_iter()
             .zip(shards.devices())
             .enumerate()
             .map(|(replica, (piece, device))| {
-                let piece = comm::move_to(piece, device);
-                K::replica_leaf(piece, &self, graphs, replica, part)
+                ties.input(comm::move_to(piece, device), &self, replica, part)
             })
             .collect()
     }

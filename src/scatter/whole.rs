@@ -46,23 +46,15 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tens
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
         let Broadcast(tensor) = self;
-        let value = match shards.graphs() {
-            Some(_) => K::detach(tensor.clone()),
-            None => tensor.clone(),
-        };
+        let ties = shards.ties();
+        let value = ties.source(&tensor);
         shards
             .devices()
             .iter()
             .enumerate()
             .map(|(replica, device)| {
                 let copy = comm::move_to(value.clone(), device);
-                Broadcast(match shards.graphs() {
-                    Some(graphs) => K::replica_leaf(copy, &tensor, graphs, replica, Part::Whole),
-                    None => {
-                        shards.join_later(&copy);
-                        copy
-                    }
-                })
+                Broadcast(ties.input(copy, &tensor, replica, Part::Whole))
             })
             .collect()
     }

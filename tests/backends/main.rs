@@ -13,6 +13,8 @@ mod errors;
 #[cfg(feature = "cuda")]
 mod faults;
 mod graphs;
+#[cfg(feature = "flex")]
+mod hangs;
 #[cfg(feature = "train")]
 mod learner;
 #[cfg(feature = "train")]

@@ -114,7 +114,7 @@ pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
 /// Copies of the flat float tensors `flats` (one device, one dtype) on `device`, moved as one
 /// buffer: one concatenation, one transfer (counted even to the same device, where it is
 /// free: callers only send what is bound elsewhere), one split. Under `Autodiff` the pieces' gradients
-/// come back the same way ([`ConcatBackend::float_move_split`]).
+/// come back the same way ([`TransferOps::float_move_split`]).
 pub(crate) fn move_coalesced<B: ConcatBackend>(
     flats: Vec<Tensor<B, 1>>,
     device: &B::Device,

@@ -44,38 +44,9 @@ pub(crate) fn reduce_add_coalesced<B: ConcatBackend>(
         return totals;
     }
     if let Some(weights) = weights {
-        for (replica, weight) in grads.iter_mut().zip(weights) {
-            if *weight != 1.0 {
-                for grad in replica.iter_mut().flatten() {
-                    *grad = B::float_mul_scalar(grad.clone(), (*weight).into());
-                }
-            }
-        }
+        scale::<B>(&mut grads, weights);
     }
-    // Summed targets that every replica has a gradient for, by destination and dtype.
-    let mut common: Vec<(B::Device, DType, Vec<usize>)> = Vec::new();
-    for (t, target) in targets.iter().enumerate() {
-        let Combine::Sum = target.combine else {
-            continue;
-        };
-        let Some(dtype) = grads[0][t].as_ref().map(TensorMetadata::dtype) else {
-            continue;
-        };
-        if grads
-            .iter()
-            .any(|r| r[t].as_ref().map(TensorMetadata::dtype) != Some(dtype))
-        {
-            continue;
-        }
-        match common
-            .iter_mut()
-            .find(|(d, k, _)| *d == target.device && *k == dtype)
-        {
-            Some((_, _, members)) => members.push(t),
-            None => common.push((target.device.clone(), dtype, vec![t])),
-        }
-    }
-    for (destination, _, members) in common {
+    for (destination, members) in common_sums::<B>(&grads, targets) {
         let parts = grads
             .iter_mut()
             .map(|replica| {
@@ -106,6 +77,51 @@ pub(crate) fn reduce_add_coalesced<B: ConcatBackend>(
         };
     }
     totals
+}
+
+/// Every replica's gradients scaled by its weight (left alone for a weight of one).
+fn scale<B: ConcatBackend>(grads: &mut [Vec<Option<FloatTensor<B>>>], weights: &[f64]) {
+    for (replica, weight) in grads.iter_mut().zip(weights) {
+        if *weight != 1.0 {
+            for grad in replica.iter_mut().flatten() {
+                *grad = B::float_mul_scalar(grad.clone(), (*weight).into());
+            }
+        }
+    }
+}
+
+/// The summed targets that every replica has a gradient for, all of one dtype, grouped by
+/// destination and dtype: each group's sums travel as one flat buffer per replica.
+fn common_sums<B: ConcatBackend>(
+    grads: &[Vec<Option<FloatTensor<B>>>],
+    targets: &[Target<B::Device>],
+) -> Vec<(B::Device, Vec<usize>)> {
+    let mut common: Vec<(B::Device, DType, Vec<usize>)> = Vec::new();
+    for (t, target) in targets.iter().enumerate() {
+        let Combine::Sum = target.combine else {
+            continue;
+        };
+        let Some(dtype) = grads[0][t].as_ref().map(TensorMetadata::dtype) else {
+            continue;
+        };
+        if grads
+            .iter()
+            .any(|r| r[t].as_ref().map(TensorMetadata::dtype) != Some(dtype))
+        {
+            continue;
+        }
+        match common
+            .iter_mut()
+            .find(|(d, k, _)| *d == target.device && *k == dtype)
+        {
+            Some((_, _, members)) => members.push(t),
+            None => common.push((target.device.clone(), dtype, vec![t])),
+        }
+    }
+    common
+        .into_iter()
+        .map(|(d, _, members)| (d, members))
+        .collect()
 }
 
 /// The sums on `destination` of gradients that every replica has: `parts[r][i]` is replica

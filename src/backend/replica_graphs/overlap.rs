@@ -11,8 +11,10 @@
 
 use std::collections::VecDeque;
 
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorMetadata};
 
+use super::super::{ConcatBackend, Part};
+use super::State;
 use crate::backend::comm;
 
 /// What the plan needs to know of a target.
@@ -49,6 +51,29 @@ pub(super) struct Ready<D> {
 }
 
 impl<D: Clone + PartialEq> Overlap<D> {
+    /// The buckets of the backward that starts now, from `state`'s targets and the leaves
+    /// the forwards used.
+    pub(super) fn of_backward<B: ConcatBackend<Device = D>>(
+        state: &State<B>,
+        bucket_size: usize,
+    ) -> Self {
+        let targets: Vec<TargetInfo<D>> = (state.targets.iter())
+            .map(|target| TargetInfo {
+                device: B::float_device(&target.tensor.primitive),
+                dtype: target.tensor.primitive.dtype(),
+                bytes: comm::bytes_of(&target.tensor.primitive),
+                whole: target.part == Part::Whole,
+            })
+            .collect();
+        let leaves: Vec<Vec<(usize, bool)>> = (state.replicas.iter())
+            .map(|replica| {
+                let leaves = replica.leaves.iter();
+                leaves.map(|leaf| (leaf.target, leaf.used)).collect()
+            })
+            .collect();
+        Self::plan(&targets, &leaves, bucket_size)
+    }
+
     /// The buckets for `targets`, given each replica's leaves as `(target, used)` (`used`:
     /// the replica's forward used the leaf). A target is bucketed when it is whole and every
     /// replica used a leaf of it; targets of one device and dtype are packed, from the last

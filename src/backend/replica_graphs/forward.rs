@@ -1,0 +1,203 @@
+//! The forward's side of the parallel backward: each replica's leaves (children of its
+//! sentinel) for the tracked tensors it receives, and the caller's stand-ins (children of the
+//! hub) for its outputs.
+
+use std::sync::Arc;
+
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{FloatDType, TensorMetadata};
+
+use super::super::{ConcatBackend, MAX_TRACKED_INPUTS, Part, ReplicaGraphs};
+use super::hub::HubBackward;
+use super::join::join;
+use super::replica::{Key, SentinelBackward, StoreBackward};
+use super::{Graphs, Leaf, State, TargetEntry, Tracked};
+
+impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
+    /// A tracked `[1]` zeros tensor on `device` that starts a new graph.
+    fn new_leaf(device: &B::Device) -> Tracked<B> {
+        let zeros = B::float_zeros([1].into(), device, FloatDType::F32);
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(zeros).require_grad()
+    }
+
+    /// Replica `replica`'s sentinel, made on first use.
+    pub(super) fn sentinel(&self, state: &mut State<B>, replica: usize) -> Tracked<B> {
+        if let Some(sentinel) = &state.replicas[replica].sentinel {
+            return sentinel.clone();
+        }
+        let leaf = Self::new_leaf(&self.setup.replicas[replica].1);
+        let value = leaf.primitive.clone();
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index: 0,
+        };
+        let sentinel = match SentinelBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([leaf.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        state.own.insert(leaf.node.id);
+        state.own.insert(sentinel.node.id);
+        state.replicas[replica].sentinel = Some(sentinel.clone());
+        sentinel
+    }
+
+    /// The hub, made on first use: its parents are the targets that are not leaves and that
+    /// some replica used; a fresh leaf when there is none. Drops the leaves' references.
+    fn hub(&self, state: &mut State<B>) -> Tracked<B> {
+        if let Some(hub) = &state.hub {
+            return hub.clone();
+        }
+        // A leaf is held by its own backward step and by the reference kept here; any other
+        // holder is a step of the replica's forward that used it (or an output that is it).
+        let mut used = vec![false; state.targets.len()];
+        for replica in &mut state.replicas {
+            for leaf in &mut replica.leaves {
+                if let Some(tensor) = leaf.tensor.take() {
+                    leaf.used = Arc::strong_count(&tensor.node) > 2;
+                    used[leaf.target] |= leaf.used;
+                }
+            }
+        }
+        let mut parents: Vec<Tracked<B>> = Vec::new();
+        for (target, used) in state.targets.iter_mut().zip(used) {
+            target.linked = used && !target.tensor.node.parents.is_empty();
+            if target.linked {
+                parents.push(target.tensor.clone());
+            }
+        }
+        if parents.is_empty() {
+            parents.push(Self::new_leaf(&self.setup.replicas[0].1));
+        }
+        while parents.len() > 1 {
+            parents = parents
+                .chunks(MAX_TRACKED_INPUTS)
+                .map(|group| join::<B, C>(group.to_vec()))
+                .collect();
+        }
+        let parent = parents.pop().expect("one parent");
+        let value = parent.primitive.clone();
+        let graphs = self.me.upgrade().expect("alive while the forward runs");
+        let hub = match HubBackward::<C>(core::marker::PhantomData)
+            .prepare::<C>([parent.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(graphs, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        };
+        state.hub = Some(hub.clone());
+        hub
+    }
+}
+
+impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for Graphs<B, C> {
+    fn leaf(
+        &self,
+        replica: usize,
+        value: Tracked<B>,
+        target: &Tracked<B>,
+        part: Part,
+    ) -> Tracked<B> {
+        if !target.is_tracked() {
+            return value;
+        }
+        let shape = value.primitive.shape();
+        let mut state = self.lock();
+        let key = (target.node.id, matches!(part, Part::Rows { .. }));
+        let count = self.setup.replicas.len();
+        let t = match state.by_node.get(&key) {
+            Some(&t) => t,
+            None => {
+                state.targets.push(TargetEntry {
+                    tensor: target.clone(),
+                    part,
+                    shapes: vec![None; count],
+                    linked: false,
+                });
+                let t = state.targets.len() - 1;
+                state.by_node.insert(key, t);
+                t
+            }
+        };
+        state.targets[t].shapes[replica] = Some(shape);
+        let sentinel = self.sentinel(&mut state, replica);
+        let index = state.replicas[replica].leaves.len();
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index,
+        };
+        let leaf = match StoreBackward::<C>(false, core::marker::PhantomData)
+            .prepare::<C>([sentinel.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value.primitive),
+            OpsKind::UnTracked(prep) => prep.finish(value.primitive),
+        };
+        state.own.insert(leaf.node.id);
+        state.replicas[replica].leaves.push(Leaf {
+            target: t,
+            tensor: Some(leaf.clone()),
+            used: false,
+            grad: None,
+        });
+        leaf
+    }
+
+    fn begin_forward(&self) {
+        self.lock().mark = Some(NodeId::new().value);
+    }
+
+    fn output(&self, replica: usize, output: Tracked<B>) -> Tracked<B> {
+        if !output.is_tracked() {
+            return output;
+        }
+        let mut state = self.lock();
+        if let Some(mark) = state.mark {
+            let foreign = |id: NodeId| id.value < mark && !state.own.contains(&id);
+            if foreign(output.node.id) || output.node.parents.iter().any(|p| foreign(p.id)) {
+                state.captured.get_or_insert(replica);
+            }
+        }
+        let hub = self.hub(&mut state);
+        let outputs = &mut state.replicas[replica].outputs;
+        let key = Key {
+            graphs: self.me.clone(),
+            replica,
+            index: outputs.len(),
+        };
+        let value = output.primitive.clone();
+        outputs.push((output, None));
+        match StoreBackward::<C>(true, core::marker::PhantomData)
+            .prepare::<C>([hub.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(key, value),
+            OpsKind::UnTracked(prep) => prep.finish(value),
+        }
+    }
+
+    fn seal(&self) -> Result<(), usize> {
+        let mut state = self.lock();
+        state.hub = None;
+        for replica in &mut state.replicas {
+            for leaf in &mut replica.leaves {
+                leaf.tensor = None;
+            }
+        }
+        match state.captured {
+            Some(replica) => Err(replica),
+            None => Ok(()),
+        }
+    }
+}

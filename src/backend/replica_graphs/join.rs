@@ -1,0 +1,51 @@
+//! One graph node with many parents and no backward of its own: the hub's parent when several
+//! targets need it after them, and `float_join_graphs` (the single backward's anchor).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+
+use super::super::{ConcatBackend, MAX_TRACKED_INPUTS};
+use super::Tracked;
+
+#[derive(Debug)]
+struct JoinBackward;
+
+impl<B: ConcatBackend, const N: usize> Backward<B, N> for JoinBackward {
+    type State = ();
+
+    /// Nothing flows back: the join's output is never used.
+    fn backward(self, _: Ops<Self::State, N>, _: &mut Gradients, _: &mut Checkpointer) {}
+}
+
+/// One graph node with exactly `N` of `tensors` as parents; its value is the first tensor's.
+fn join_n<B: ConcatBackend, C: CheckpointStrategy, const N: usize>(
+    tensors: Vec<Tracked<B>>,
+) -> Tracked<B> {
+    let nodes: [_; N] = core::array::from_fn(|i| tensors[i].node.clone());
+    let value = tensors[0].primitive.clone();
+    match JoinBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((), value),
+        OpsKind::UnTracked(prep) => prep.finish(value),
+    }
+}
+
+/// A tracked join of 1 to 16 tensors.
+pub(crate) fn join<B: ConcatBackend, C: CheckpointStrategy>(
+    tensors: Vec<Tracked<B>>,
+) -> Tracked<B> {
+    join_by_count::<B, C>(tensors)
+}
+
+fn join_by_count<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tracked<B>>) -> Tracked<B> {
+    macro_rules! by_count {
+        ($($n:literal)+) => {
+            match tensors.len() {
+                $($n => join_n::<B, C, $n>(tensors),)+
+                _ => unreachable!("at most {MAX_TRACKED_INPUTS} inputs"),
+            }
+        };
+    }
+    by_count!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
