@@ -35,7 +35,8 @@ use crate::backend::{ConcatBackend, ConcatKind, Part, ReplicaGraphs, is_tracked}
 pub(crate) enum Backward {
     /// The caller's `backward()` on the gathered output (the own training loop).
     Caller,
-    /// Each replica's own training step (burn-train's `TrainStep`).
+    /// Each replica's own training step (burn-train's `TrainStep`, feature `train`).
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
     OwnStep,
 }
 
