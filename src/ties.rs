@@ -189,13 +189,10 @@ impl<B: ConcatBackend> Ties<B> {
     ) -> M {
         match self {
             Ties::Shared | Ties::Anchored(_) => copy,
-            Ties::Graphs(graphs) => copy.map(&mut Leaves {
-                graphs: Some(graphs.as_ref()),
-                replica,
-                targets: &targets.0,
-            }),
-            Ties::Independent => copy.map(&mut Leaves {
-                graphs: None,
+            // With the per-replica graphs, leaves whose gradients go to the module's; without
+            // (each replica's own step), fresh ones.
+            Ties::Graphs(_) | Ties::Independent => copy.map(&mut Leaves {
+                graphs: self.graphs(),
                 replica,
                 targets: &targets.0,
             }),

@@ -336,16 +336,9 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaOps for Autodiff<B, C> {
         Some(super::replica_graphs::Graphs::<B, C>::new(setup))
     }
 
-    fn float_join_graphs(mut tensors: Vec<FloatTensor<Self>>) {
-        // Joined in groups of at most 16 parents, then the groups' nodes, until one is left.
-        while tensors.len() > 1 {
-            let mut joined = Vec::new();
-            while !tensors.is_empty() {
-                let rest = tensors.split_off(tensors.len().min(MAX_TRACKED_INPUTS));
-                joined.push(super::replica_graphs::join::<B, C>(tensors));
-                tensors = rest;
-            }
-            tensors = joined;
+    fn float_join_graphs(tensors: Vec<FloatTensor<Self>>) {
+        if tensors.len() > 1 {
+            super::replica_graphs::join_all::<B, C>(tensors);
         }
     }
 }

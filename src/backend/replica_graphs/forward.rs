@@ -10,9 +10,9 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::super::{ConcatBackend, MAX_TRACKED_INPUTS, Part, ReplicaGraphs};
+use super::super::{ConcatBackend, Part, ReplicaGraphs};
 use super::hub::HubBackward;
-use super::join::join;
+use super::join::join_all;
 use super::replica::{Key, SentinelBackward, StoreBackward};
 use super::{Graphs, Leaf, State, TargetEntry, Tracked};
 
@@ -76,13 +76,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         if parents.is_empty() {
             parents.push(Self::new_leaf(&self.setup.replicas[0].1));
         }
-        while parents.len() > 1 {
-            parents = parents
-                .chunks(MAX_TRACKED_INPUTS)
-                .map(|group| join::<B, C>(group.to_vec()))
-                .collect();
-        }
-        let parent = parents.pop().expect("one parent");
+        let parent = join_all::<B, C>(parents);
         let value = parent.primitive.clone();
         let graphs = self.me.upgrade().expect("alive while the forward runs");
         let hub = match HubBackward::<C>(core::marker::PhantomData)

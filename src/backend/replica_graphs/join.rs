@@ -31,14 +31,26 @@ fn join_n<B: ConcatBackend, C: CheckpointStrategy, const N: usize>(
     }
 }
 
-/// A tracked join of 1 to 16 tensors.
-pub(crate) fn join<B: ConcatBackend, C: CheckpointStrategy>(
-    tensors: Vec<Tracked<B>>,
+/// `tensors` (at least one) joined into one graph: in groups of at most 16 parents, then the
+/// groups' nodes, until one node is left, which is returned (a single tensor is returned as
+/// it is).
+///
+/// # Panics
+///
+/// If `tensors` is empty.
+pub(crate) fn join_all<B: ConcatBackend, C: CheckpointStrategy>(
+    mut tensors: Vec<Tracked<B>>,
 ) -> Tracked<B> {
-    join_by_count::<B, C>(tensors)
+    while tensors.len() > 1 {
+        tensors = (tensors.chunks(MAX_TRACKED_INPUTS))
+            .map(|group| join_group::<B, C>(group.to_vec()))
+            .collect();
+    }
+    tensors.pop().expect("at least one tensor to join")
 }
 
-fn join_by_count<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tracked<B>>) -> Tracked<B> {
+/// One graph node with the 1 to 16 `tensors` as parents.
+fn join_group<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tracked<B>>) -> Tracked<B> {
     macro_rules! by_count {
         ($($n:literal)+) => {
             match tensors.len() {

@@ -56,7 +56,7 @@ mod join;
 mod overlap;
 mod replica;
 
-pub(super) use join::join;
+pub(super) use join::join_all;
 use overlap::Overlap;
 
 pub(super) type Tracked<B> = FloatTensor<Autodiff<B>>;
