@@ -13,8 +13,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_dataparallel::DataParallelConfig;
 
+use crate::captured::panic_text;
 use crate::common::*;
-use crate::graphs::panic_text;
 
 type B = Autodiff<Flex>;
 

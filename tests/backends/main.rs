@@ -8,6 +8,7 @@
 mod common;
 
 mod batch_norm;
+mod captured;
 mod equivalence;
 mod errors;
 #[cfg(feature = "cuda")]
