@@ -145,7 +145,7 @@ pub use data_parallel::DataParallel;
 pub use error::{BoxError, DataParallelError};
 pub use forward::Forward;
 pub use gather::{Gather, Mean, Sum};
-pub use profile::StepProfile;
+pub use profile::{StepProfile, bytes_moved};
 pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};
 pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{LossReduction, Shards, shard_sizes};

@@ -116,6 +116,42 @@ impl StepProfile {
     }
 }
 
+/// Bytes that every [`DataParallel`](crate::DataParallel) in this process has moved between
+/// distinct devices so far: parameters broadcast, shards scattered, outputs gathered, running
+/// states brought home and gradients reduced, forward and backward, whether profiling is on
+/// or not. Replicas sharing a device move nothing, so the total stays where it was; on
+/// several devices it grows with every step. Counted with one relaxed atomic addition per
+/// transfer (a coalesced buffer is one transfer), through this crate's own moves
+/// ([`TransferOps::float_move`](crate::TransferOps::float_move) and its integer and boolean
+/// counterparts): a backend that overrides `float_move` without calling the default is not
+/// counted.
+///
+/// Use it to see that a run really crossed devices, or, read before and after a step, what
+/// one step moved without the synchronisation a [`StepProfile`] costs.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::{DataParallel, bytes_moved};
+///
+/// type B = Autodiff<Flex>;
+/// let device = Default::default();
+/// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+/// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+///
+/// let before = bytes_moved();
+/// let output = dp.forward_with(Tensor::<B, 2>::ones([6, 8], &device), |m, x| m.forward(x));
+/// output.sum().backward();
+/// // Flex has one device: both replicas share it, and nothing crossed devices.
+/// assert_eq!(bytes_moved(), before);
+/// ```
+pub fn bytes_moved() -> u64 {
+    comm::moved_total()
+}
+
 impl std::fmt::Display for StepProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;

@@ -77,6 +77,9 @@ fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
     device: &B::Device,
 ) -> Tensor<B, D, K> {
     let source = tensor.device();
+    if &source != device {
+        super::comm::note_moved(tensor.shape().num_elements() * tensor.dtype().size());
+    }
     if B::host_staged_transfers() && &source != device {
         return super::host_staged(tensor, device);
     }

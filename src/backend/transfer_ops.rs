@@ -79,6 +79,7 @@ pub trait TransferOps: ConcatOps {
         if &source == device {
             return tensor;
         }
+        super::comm::note_moved(super::comm::bytes_of(&tensor));
         if Self::host_staged_transfers() {
             // As a flat tensor of rank 1 (the Tensor API wants the rank), then reshaped back.
             let shape = burn::tensor::TensorMetadata::shape(&tensor);

@@ -21,6 +21,7 @@ pub(crate) use reduce::{Combine, Target, contiguous, reduce_add_coalesced, sum_f
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::tensor::ops::FloatTensor;
@@ -61,6 +62,22 @@ pub(crate) fn logged<T>(log: Option<Arc<dyn TransferLog>>, f: impl FnOnce() -> T
 /// The log transfers on this thread are counted in, for backward steps to keep.
 pub(crate) fn current_log() -> Option<Arc<dyn TransferLog>> {
     LOG.with(|current| current.borrow().clone())
+}
+
+/// Bytes moved between distinct devices by this crate in this process (see
+/// [`bytes_moved`](crate::bytes_moved)).
+static MOVED: AtomicU64 = AtomicU64::new(0);
+
+/// Adds `bytes` to the process's total of bytes moved between devices: called by every move
+/// between distinct devices ([`TransferOps::float_move`](super::TransferOps::float_move) and
+/// the integer and boolean moves), forward and backward, profiled or not.
+pub(crate) fn note_moved(bytes: usize) {
+    MOVED.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// The process's total so far (see [`bytes_moved`](crate::bytes_moved)).
+pub(crate) fn moved_total() -> u64 {
+    MOVED.load(Ordering::Relaxed)
 }
 
 fn count(bytes: usize) {
