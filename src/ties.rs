@@ -8,9 +8,12 @@
 //!   to one graph from their threads; so that they never merge two graphs there (Burn 0.21's
 //!   graph locator can lose a node registered by one thread while another merges its graph:
 //!   a wrong gradient once in hundreds of steps, `tests/backends/races.rs`), the scatter keeps
-//!   every tracked shard and copy it makes, and the replicate stage joins them and the
-//!   module's trainable parameters into one graph, with one join on the calling thread,
-//!   before the replicas run. (Joining each shard at once into the graph of a fresh anchor
+//!   every tracked shard and copy it makes, and the replicate stage joins them, the
+//!   module's trainable parameters (a node each) and the parameters' copies on other
+//!   devices into one graph, with one join on the calling thread, before the replicas run.
+//!   The copies on other devices are moved from the parameters themselves, not from their
+//!   nodes, so that a parameter no replica's loss reaches gets no gradient through the
+//!   transfer's backward (`backend/autodiff_broadcast.rs`), as on one device. (Joining each shard at once into the graph of a fresh anchor
 //!   leaf instead gave 3 wrong rounds of 750 in that test: the anchor, dropped after the
 //!   forward, is an unused root that Burn's cleanup after another thread's backward removes
 //!   from the graph locator, and with it, when it was the merged graph's origin, the
@@ -44,9 +47,8 @@ pub(crate) enum Backward {
 #[derive(Clone)]
 pub(crate) enum Ties<B: Backend> {
     Shared,
-    /// The tracked shards and copies the scatter made, for the replicate stage to join with
-    /// the module's parameters.
-    Anchored(Arc<Mutex<Vec<FloatTensor<B>>>>),
+    /// What the replicate stage joins into one graph before the replicas run.
+    Anchored(Arc<Anchor<B>>),
     Graphs(Arc<dyn ReplicaGraphs<B>>),
     Independent,
 }
@@ -74,7 +76,10 @@ impl<B: ConcatBackend> Ties<B> {
         match (backward, graphs) {
             (Backward::OwnStep, _) => Ties::Independent,
             (Backward::Caller, Some(graphs)) => Ties::Graphs(graphs),
-            (Backward::Caller, None) if replicas > 1 => Ties::Anchored(Arc::default()),
+            (Backward::Caller, None) if replicas > 1 => Ties::Anchored(Arc::new(Anchor {
+                nodes: Mutex::default(),
+                leaves: Mutex::default(),
+            })),
             (Backward::Caller, None) => Ties::Shared,
         }
     }
@@ -112,12 +117,9 @@ impl<B: Backend> Ties<B> {
     ) -> Tensor<B, D, K> {
         match self {
             Ties::Graphs(graphs) => K::replica_leaf(piece, source, graphs.as_ref(), replica, part),
-            Ties::Anchored(pending) => {
+            Ties::Anchored(anchor) => {
                 if let Some(tracked) = K::tracked_float(&piece) {
-                    pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(tracked);
+                    lock(&anchor.nodes).push(tracked);
                 }
                 piece
             }
@@ -147,22 +149,52 @@ impl<B: ConcatBackend> Ties<B> {
     }
 
     /// The module the replicas are copied from: under [`Ties::Anchored`], a clone whose
-    /// trainable parameters each have a graph node, joined on the calling thread with the
-    /// tracked shards and copies the scatter made into one graph (a free reshape each, one
-    /// join node per 16 parents, no kernel).
+    /// trainable parameters each have a graph node (a free reshape each), kept for
+    /// [`join`](Self::join) with the tracked shards and copies the scatter made, the
+    /// parameters themselves kept for the copies on other devices
+    /// ([`leaves`](Self::leaves)).
     pub(crate) fn module<M: Module<B>>(&self, module: &M) -> M {
-        let Ties::Anchored(pending) = self else {
+        let Ties::Anchored(anchor) = self else {
             return module.clone();
         };
-        let mut anchor = Anchor { nodes: Vec::new() };
-        let module = module.clone().map(&mut anchor);
-        anchor.nodes.extend(std::mem::take(
-            &mut *pending.lock().unwrap_or_else(|e| e.into_inner()),
-        ));
-        if anchor.nodes.len() >= 2 {
-            B::float_join_graphs(anchor.nodes);
-        }
+        let mut nodes = AnchorNodes {
+            nodes: Vec::new(),
+            leaves: HashMap::new(),
+        };
+        let module = module.clone().map(&mut nodes);
+        lock(&anchor.nodes).extend(nodes.nodes);
+        *lock(&anchor.leaves) = nodes.leaves;
         module
+    }
+
+    /// Under [`Ties::Anchored`], the module's trainable parameters as they were before
+    /// [`module`](Self::module) gave them nodes of their own, by id: the copies on other
+    /// devices are moved from these, so that a parameter none of whose copies receives a
+    /// gradient gets none (`backend/autodiff_broadcast.rs`), as on one device.
+    pub(crate) fn leaves(&self) -> Option<HashMap<ParamId, FloatTensor<B>>> {
+        match self {
+            Ties::Anchored(anchor) => Some(lock(&anchor.leaves).clone()),
+            _ => None,
+        }
+    }
+
+    /// Under [`Ties::Anchored`], joins into one graph, on the calling thread and before the
+    /// replicas run, everything the replicas' forwards start from: the parameters' nodes, the
+    /// tracked shards and copies the scatter made, and the tracked parameters of `copies`
+    /// (those moved to other devices are new nodes). One join node per 16 parents, no
+    /// kernel; the join is never part of a backward.
+    pub(crate) fn join<M: Module<B>>(&self, copies: &[&M]) {
+        let Ties::Anchored(anchor) = self else {
+            return;
+        };
+        let mut nodes = std::mem::take(&mut *lock(&anchor.nodes));
+        let mut collect = TrackedNodes(&mut nodes);
+        for copy in copies {
+            copy.visit(&mut collect);
+        }
+        if nodes.len() >= 2 {
+            B::float_join_graphs(nodes);
+        }
     }
 
     /// The module's tracked float parameters by id, for [`parameters`](Self::parameters):
@@ -203,16 +235,33 @@ impl<B: ConcatBackend> Ties<B> {
 /// The module's tracked float parameters (trainable leaves, and tensors computed from them).
 pub(crate) struct Targets<B: Backend>(HashMap<ParamId, TensorPrimitive<B>>);
 
-/// Gives trainable parameters a graph node each and keeps those nodes.
-struct Anchor<B: Backend> {
-    nodes: Vec<FloatTensor<B>>,
+/// What [`Ties::Anchored`] keeps between the scatter, the replicate stage and the join.
+pub(crate) struct Anchor<B: Backend> {
+    /// The tracked shards and copies the scatter made, and the parameters' nodes.
+    nodes: Mutex<Vec<FloatTensor<B>>>,
+    /// The module's trainable parameters before they were given nodes, by id.
+    leaves: Mutex<HashMap<ParamId, FloatTensor<B>>>,
 }
 
-impl<B: ConcatBackend> ModuleMapper<B> for Anchor<B> {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Gives trainable parameters a graph node each and keeps those nodes, and the parameters
+/// as they were.
+struct AnchorNodes<B: Backend> {
+    nodes: Vec<FloatTensor<B>>,
+    leaves: HashMap<ParamId, FloatTensor<B>>,
+}
+
+impl<B: ConcatBackend> ModuleMapper<B> for AnchorNodes<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let tensor = param.val();
         if !is_tracked(&tensor) || tensor.shape().num_elements() == 0 {
             return param;
+        }
+        if let TensorPrimitive::Float(leaf) = tensor.into_primitive() {
+            self.leaves.insert(param.id, leaf);
         }
         param.map(|tensor| {
             let dims = tensor.dims();
@@ -223,6 +272,20 @@ impl<B: ConcatBackend> ModuleMapper<B> for Anchor<B> {
             }
             node
         })
+    }
+}
+
+/// Collects the tracked float parameters' nodes.
+struct TrackedNodes<'a, B: Backend>(&'a mut Vec<FloatTensor<B>>);
+
+impl<B: ConcatBackend> ModuleVisitor<B> for TrackedNodes<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let tensor = param.val();
+        if is_tracked(&tensor)
+            && let TensorPrimitive::Float(node) = tensor.into_primitive()
+        {
+            self.0.push(node);
+        }
     }
 }
 

@@ -272,6 +272,13 @@ impl<B: ConcatBackend, C: CheckpointStrategy> TransferOps for Autodiff<B, C> {
         }
     }
 
+    fn float_move_coalesced(
+        tensors: Vec<FloatTensor<Self>>,
+        device: &Self::Device,
+    ) -> Vec<FloatTensor<Self>> {
+        super::autodiff_broadcast::move_coalesced::<B, C>(tensors, device)
+    }
+
     fn float_move_split(
         buffer: FloatTensor<Self>,
         counts: &[usize],

@@ -20,7 +20,9 @@
 //! - `fusion.rs`: `Fusion` records them as custom operations;
 //! - `autodiff.rs`: `Autodiff` gives them custom backward steps (the backward of a
 //!   concatenation is a split and the other way round; the backward of a coalesced transfer
-//!   brings every piece's gradient back in one transfer);
+//!   brings every piece's gradient back in one transfer); `autodiff_broadcast.rs`, the
+//!   parameter broadcast of the single backward, whose backward gives each parameter only
+//!   the gradient its copies received;
 //! - `cpu.rs`: Flex and NdArray use Burn's own operations;
 //! - `replica_graphs/`: under `Autodiff`, the per-replica graphs and backward of the
 //!   parallel backward.
@@ -53,6 +55,7 @@
 //! run at once.
 
 mod autodiff;
+mod autodiff_broadcast;
 pub(crate) mod comm;
 mod concat_ops;
 #[cfg(any(feature = "flex", feature = "ndarray"))]

@@ -96,6 +96,40 @@ pub trait TransferOps: ConcatOps {
         moved
     }
 
+    /// Moves `tensors` (any shapes, all on one device and of one dtype) to `device` as one
+    /// coalesced buffer, and gives each back there in its own shape: the parameter broadcast
+    /// of the single backward, which keeps the caller's graph.
+    ///
+    /// Under `Autodiff`, the backward brings back, in one transfer, the gradients of the
+    /// pieces that received one, and each goes to its tensor: as with the tensors used where
+    /// they are, a leaf whose piece received no gradient gets none from this move (not
+    /// zeros); a tracked tensor that is not a leaf gets zeros then, since its own backward
+    /// step needs a gradient.
+    ///
+    /// # Panics
+    ///
+    /// If `tensors` is empty.
+    fn float_move_coalesced(
+        tensors: Vec<FloatTensor<Self>>,
+        device: &Self::Device,
+    ) -> Vec<FloatTensor<Self>> {
+        let shapes: Vec<burn::tensor::Shape> = (tensors.iter())
+            .map(burn::tensor::TensorMetadata::shape)
+            .collect();
+        let counts: Vec<usize> = shapes
+            .iter()
+            .map(burn::tensor::Shape::num_elements)
+            .collect();
+        let flats = (tensors.into_iter().zip(&counts))
+            .map(|(tensor, &count)| Self::float_reshape(tensor, [count].into()))
+            .collect();
+        let buffer = Self::float_concat(flats, 0);
+        (Self::float_move_split(buffer, &counts, device).into_iter())
+            .zip(shapes)
+            .map(|(piece, shape)| Self::float_reshape(piece, shape))
+            .collect()
+    }
+
     /// Moves a flat float buffer to `device` in one transfer and cuts it there into flat pieces
     /// of `counts` elements: the receiving half of a coalesced transfer.
     ///

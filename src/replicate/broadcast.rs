@@ -4,27 +4,32 @@
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, backend::Backend};
 
 use crate::backend::{ConcatBackend, comm, is_tracked};
 
-/// A float parameter bound for another device, flattened.
+/// A float parameter bound for another device.
 struct Outgoing<B: Backend> {
     id: ParamId,
-    flat: Tensor<B, 1>,
+    value: FloatTensor<B>,
     dtype: DType,
     tracked: bool,
 }
 
 /// A copy of `module` on `device`, float parameters moved in coalesced buckets; the module
-/// itself (a clone) when everything is there already.
+/// itself (a clone) when everything is there already. A float parameter found in `leaves`
+/// (by id) is moved from the tensor there instead of the module's (the same values: see
+/// [`Ties::leaves`](crate::ties::Ties::leaves)).
 pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     module: &M,
     device: &B::Device,
     bucket_size: usize,
+    leaves: Option<&HashMap<ParamId, FloatTensor<B>>>,
 ) -> M {
     let mut collect = Collect {
         device,
+        leaves,
         outgoing: Vec::new(),
         others_elsewhere: false,
     };
@@ -35,12 +40,12 @@ pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     let outgoing = collect.outgoing;
     let layout: Vec<(DType, bool, usize)> = outgoing
         .iter()
-        .map(|p| (p.dtype, p.tracked, p.flat.dims()[0] * p.dtype.size()))
+        .map(|p| (p.dtype, p.tracked, comm::bytes_of(&p.value)))
         .collect();
-    let mut arrived: HashMap<ParamId, Tensor<B, 1>> = HashMap::with_capacity(outgoing.len());
+    let mut arrived: HashMap<ParamId, FloatTensor<B>> = HashMap::with_capacity(outgoing.len());
     for bucket in comm::plan_buckets(&layout, bucket_size) {
-        let flats = bucket.iter().map(|&i| outgoing[i].flat.clone()).collect();
-        for (&i, piece) in bucket.iter().zip(comm::move_coalesced(flats, device)) {
+        let values = bucket.iter().map(|&i| outgoing[i].value.clone()).collect();
+        for (&i, piece) in bucket.iter().zip(comm::move_coalesced::<B>(values, device)) {
             arrived.insert(outgoing[i].id, piece);
         }
     }
@@ -77,6 +82,7 @@ impl<B: Backend> ModuleVisitor<B> for OnDevice<'_, B> {
 /// Flattens every non-empty float parameter that is not on `device` yet.
 struct Collect<'a, B: Backend> {
     device: &'a B::Device,
+    leaves: Option<&'a HashMap<ParamId, FloatTensor<B>>>,
     outgoing: Vec<Outgoing<B>>,
     /// Whether a parameter that does not travel in a bucket is on another device.
     others_elsewhere: bool,
@@ -91,16 +97,22 @@ impl<B: ConcatBackend> ModuleVisitor<B> for Collect<'_, B> {
             self.others_elsewhere |= !local;
             return;
         }
-        let TensorPrimitive::Float(_) = tensor.clone().into_primitive() else {
+        let tracked = is_tracked(&tensor);
+        let dtype = tensor.dtype();
+        let TensorPrimitive::Float(value) = tensor.into_primitive() else {
             // Quantized parameters move on their own.
             self.others_elsewhere |= !local;
             return;
         };
+        let value = match self.leaves.and_then(|leaves| leaves.get(&param.id)) {
+            Some(leaf) => leaf.clone(),
+            None => value,
+        };
         self.outgoing.push(Outgoing {
             id: param.id,
-            dtype: tensor.dtype(),
-            tracked: is_tracked(&tensor),
-            flat: tensor.reshape([elements]),
+            value,
+            dtype,
+            tracked,
         });
     }
 
@@ -116,13 +128,13 @@ impl<B: ConcatBackend> ModuleVisitor<B> for Collect<'_, B> {
 /// Puts the moved float parameters in place and moves the rest one by one.
 struct MoveTo<'a, B: ConcatBackend> {
     device: &'a B::Device,
-    arrived: HashMap<ParamId, Tensor<B, 1>>,
+    arrived: HashMap<ParamId, FloatTensor<B>>,
 }
 
 impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         match self.arrived.remove(&param.id) {
-            Some(flat) => param.map(|tensor| flat.reshape(tensor.dims())),
+            Some(moved) => param.map(|_| Tensor::from_primitive(TensorPrimitive::Float(moved))),
             None => param.map(|tensor| comm::move_to(tensor, self.device)),
         }
     }

@@ -94,10 +94,11 @@ fn copies<B: ConcatBackend, M: Module<B>>(
     // replica then makes its leaves: a copy that stays on the module's device needs neither
     // detaching nor a transfer, one bound for another device is detached first so that its
     // transfer adds nothing to the caller's graph.
+    let leaves = ties.leaves();
     let copy_to = |source: &M, device: &B::Device| match ties.shares_nodes() {
-        true => move_coalesced(source, device, bucket_size),
+        true => move_coalesced(source, device, bucket_size, leaves.as_ref()),
         false if broadcast::is_on(source, device) => source.clone(),
-        false => move_coalesced(&source.clone().map(&mut Detach), device, bucket_size),
+        false => move_coalesced(&source.clone().map(&mut Detach), device, bucket_size, None),
     };
     let targets = ties.targets(module);
     let mut made: Vec<(&B::Device, Option<usize>, M)> = Vec::new();
@@ -117,6 +118,7 @@ fn copies<B: ConcatBackend, M: Module<B>>(
             ties.parameters(copy, replica, &targets)
         })
         .collect();
+    ties.join(&made.iter().map(|(_, _, copy)| copy).collect::<Vec<_>>());
     states.restore(module);
     replicas
 }

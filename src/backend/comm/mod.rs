@@ -2,11 +2,11 @@
 //! way `torch/nn/parallel/comm.py` holds `broadcast_coalesced` and `reduce_add_coalesced`.
 //!
 //! - [`move_to`]: one tensor to another device (a shard, an output, a broadcast value).
-//! - [`move_coalesced`]: many flat tensors to another device as one buffer (the parameter
-//!   broadcast, the running states' way home), with [`plan_buckets`] to cut them into
-//!   buckets of a bounded size.
-//! - [`return_pieces`]: the backward of a coalesced move: the pieces' gradients go back as one
-//!   buffer (the single backward).
+//! - [`move_coalesced`]: many tensors to another device as one buffer (the parameter
+//!   broadcast), with [`plan_buckets`] to cut them into buckets of a bounded size.
+//! - [`return_present`]: the backward of the parameter broadcast under the single backward:
+//!   the gradients of the pieces that received one go back as one buffer;
+//!   [`return_pieces`], the same for the public `move_split`, zeros for the others.
 //! - [`reduce_add_coalesced`]: the replicas' gradients of the parallel backward and of the
 //!   replicas' own training steps, summed (or, for input rows, concatenated) on each target's
 //!   device in one transfer per source device and dtype.
@@ -128,18 +128,17 @@ pub(crate) fn split<B: Backend, const D: usize, K: ConcatKind<B>>(
     super::split(tensor, sizes, dim)
 }
 
-/// Copies of the flat float tensors `flats` (one device, one dtype) on `device`, moved as one
-/// buffer: one concatenation, one transfer (counted even to the same device, where it is
-/// free: callers only send what is bound elsewhere), one split. Under `Autodiff` the pieces' gradients
-/// come back the same way ([`TransferOps::float_move_split`]).
+/// Copies of the float tensors `tensors` (any shapes, one device, one dtype) on `device`,
+/// moved as one buffer: one concatenation, one transfer (counted even to the same device,
+/// where it is free: callers only send what is bound elsewhere), one split. Under `Autodiff`
+/// the gradients of the pieces that received one come back the same way
+/// ([`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)).
 pub(crate) fn move_coalesced<B: ConcatBackend>(
-    flats: Vec<Tensor<B, 1>>,
+    tensors: Vec<FloatTensor<B>>,
     device: &B::Device,
-) -> Vec<Tensor<B, 1>> {
-    let counts: Vec<usize> = flats.iter().map(|flat| flat.dims()[0]).collect();
-    let buffer = super::coalesce(flats);
-    count(buffer.shape().num_elements() * buffer.dtype().size());
-    super::move_split(buffer, &counts, device)
+) -> Vec<FloatTensor<B>> {
+    count(tensors.iter().map(bytes_of).sum());
+    B::float_move_coalesced(tensors, device)
 }
 
 /// Moves `buffer` to `destination`, counting (and, when the log times transfers, timing) it;
@@ -200,6 +199,36 @@ pub(crate) fn return_pieces<B: ConcatBackend>(
         })
         .collect();
     Some(transfer::<B>(B::float_concat(parts, 0), source, log))
+}
+
+/// The backward of the single backward's parameter broadcast
+/// ([`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)): the
+/// pieces that received a gradient, flattened into one buffer on their device and moved back
+/// to `source` in one transfer (counted like the move it reverses), each in its shape again;
+/// pieces without a gradient stay `None`.
+pub(crate) fn return_present<B: ConcatBackend>(
+    mut pieces: Vec<Option<FloatTensor<B>>>,
+    source: &B::Device,
+    log: Option<&dyn TransferLog>,
+) -> Vec<Option<FloatTensor<B>>> {
+    let present: Vec<(usize, burn::tensor::Shape)> = (pieces.iter().enumerate())
+        .filter_map(|(i, piece)| piece.as_ref().map(|piece| (i, piece.shape())))
+        .collect();
+    if present.is_empty() {
+        return pieces;
+    }
+    let counts: Vec<usize> = present
+        .iter()
+        .map(|(_, shape)| shape.num_elements())
+        .collect();
+    let flats = (present.iter().zip(&counts))
+        .filter_map(|((i, _), &count)| Some(B::float_reshape(pieces[*i].take()?, [count].into())))
+        .collect();
+    let back = move_counted::<B>(B::float_concat(flats, 0), source, log);
+    for ((i, shape), piece) in present.into_iter().zip(B::float_split(back, &counts, 0)) {
+        pieces[i] = Some(B::float_reshape(piece, shape));
+    }
+    pieces
 }
 
 /// One bucket of gradients reduced while the replicas' backward ran: its times are from the
