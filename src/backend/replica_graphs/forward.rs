@@ -8,6 +8,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::ops::{Backward, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::{FloatDType, TensorMetadata};
 
 use super::super::{ConcatBackend, Part, ReplicaGraphs};
@@ -68,7 +69,10 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         }
         let mut parents: Vec<Tracked<B>> = Vec::new();
         for (target, used) in state.targets.iter_mut().zip(used) {
-            target.linked = used && !target.tensor.node.parents.is_empty();
+            // A leaf is what `require_grad` made (Burn's `Requirement::Grad`, the public
+            // `is_require_grad`); a tracked tensor computed from others is not.
+            let leaf = <Autodiff<B, C> as FloatTensorOps<_>>::float_is_require_grad(&target.tensor);
+            target.linked = used && !leaf;
             if target.linked {
                 parents.push(target.tensor.clone());
             }
