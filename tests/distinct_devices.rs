@@ -7,11 +7,8 @@
 //! on several GPUs, and the results equal a single-device run's. Each case checks that the
 //! transfers really ran (the step profile's bytes).
 
-#[path = "common/adapter.rs"]
-mod adapter;
 mod common;
 
-use adapter::skip_without_wgpu;
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, Wgpu, WgpuDevice, WgpuRuntime};
 use burn::module::Module;
@@ -22,7 +19,7 @@ use burn_dataparallel::{
 use common::*;
 
 /// `CubeBackend` on wgpu (replicas' backwards at once) and Burn's default `Wgpu` (Fusion).
-type Cube = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+type Cube = WgpuCubeAd;
 type Fused = Autodiff<Wgpu>;
 
 /// Three replicas over two distinct devices, the output device first.
@@ -34,30 +31,6 @@ fn two_devices() -> Vec<WgpuDevice> {
     ]
 }
 
-/// Whether `test` must be skipped for want of a wgpu adapter. First keeps CubeCL's autotune
-/// to its minimal level for this process: lavapipe compiles every candidate kernel with LLVM,
-/// and the full level spends minutes per matmul shape tuning them.
-fn skip(test: &str) -> bool {
-    static MINIMAL: std::sync::Once = std::sync::Once::new();
-    MINIMAL.call_once(|| {
-        if std::env::var_os("CUBECL_AUTOTUNE_LEVEL").is_none() {
-            // SAFETY: called before any CubeCL use in this process (every test calls this
-            // first, and the others wait for it here), while no other thread reads the
-            // environment.
-            unsafe { std::env::set_var("CUBECL_AUTOTUNE_LEVEL", "minimal") };
-        }
-    });
-    skip_without_wgpu(test)
-}
-
-/// Holds the tests of this file to one at a time: on two cores, lavapipe compiling several
-/// tests' kernels at once made single tests pass their watchdog's 120 s (98 s for all five in
-/// a row).
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn mse<B: DataParallelBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
     (model.forward(x) - y).powi_scalar(2).mean()
 }
@@ -66,7 +39,7 @@ fn mse<B: DataParallelBackend>(model: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>)
 /// steps in a row (the parameters' copies made again each step), and the profile shows the
 /// parameters broadcast to the other device and the gradients reduced from it.
 fn mlp_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: &str) {
-    if skip(test) {
+    if skip_wgpu(test) {
         return;
     }
     set_tolerance(1e-4);
@@ -105,7 +78,7 @@ fn mlp_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: &str) {
 /// statistics fold back to the module; without, a typed error (Burn's own `to_device` inside
 /// the replica's forward cannot run between these devices).
 fn batch_norm_across_devices<B: DataParallelBackend<Device = WgpuDevice>>(test: &str) {
-    if skip(test) {
+    if skip_wgpu(test) {
         return;
     }
     let device = WgpuDevice::DefaultDevice;
@@ -160,7 +133,7 @@ fn cube_batch_norm_across_devices() {
 fn a_module_moved_in_buckets_trains_like_the_original() {
     let _one = one_at_a_time();
     within("a_module_moved_in_buckets_trains_like_the_original", || {
-        if skip("a_module_moved_in_buckets_trains_like_the_original") {
+        if skip_wgpu("a_module_moved_in_buckets_trains_like_the_original") {
             return;
         }
         let (home, other) = (WgpuDevice::DefaultDevice, WgpuDevice::Cpu);
@@ -205,7 +178,7 @@ fn a_module_moved_in_buckets_trains_like_the_original() {
 fn host_staged_move() {
     let _one = one_at_a_time();
     within("host_staged_move", || {
-        if skip("host_staged_move") {
+        if skip_wgpu("host_staged_move") {
             return;
         }
         type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;

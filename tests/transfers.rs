@@ -10,8 +10,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dataparallel::{DataParallel, DataParallelConfig};
 
-#[path = "common/adapter.rs"]
-mod adapter;
 mod common;
 
 use common::Mlp;
@@ -39,7 +37,7 @@ fn assert_near<const D: usize>(actual: Tensor<B, D>, expected: Tensor<B, D>, wha
 /// devices, whose tensors move through host memory: `tests/distinct_devices.rs`).
 #[test]
 fn same_device_wgpu_replicas_match_the_bare_model() {
-    if adapter::skip_without_wgpu("same_device_wgpu_replicas_match_the_bare_model") {
+    if common::adapter::skip_without_wgpu("same_device_wgpu_replicas_match_the_bare_model") {
         return;
     }
     let home = WgpuDevice::DefaultDevice;

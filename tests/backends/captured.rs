@@ -29,6 +29,13 @@ fn broadcast_and_captured_tensors_case<B: DataParallelBackend>() {
         &values(scale.grad(&expected).expect("broadcast gradient")),
         "broadcast gradient",
     );
+    if distinct_plan() {
+        // A captured tensor stays on the caller's device: a replica on another device fails
+        // with Burn's device check, reported as that replica's panic (not a wrong answer).
+        let captured = dp.try_forward_with(x, |m, x| m.forward(x) * scale.clone());
+        assert_other_device_refused(captured.map(|t| t.dims()));
+        return;
+    }
     if B::concurrent_backward() {
         let captured = dp.try_forward_with(x, |m, x| m.forward(x) * scale.clone());
         assert!(
@@ -58,6 +65,11 @@ fn captured_in_the_loss_case<B: DataParallelBackend>(parallel: bool) {
     let x = random::<B, 2>([7, 8], &device);
     let scale = random::<B, 2>([1, 8], &device).require_grad();
     let loss = |output: Tensor<B, 2>| weighted(output, 1.0) + scale.clone().sum();
+    if distinct_plan() {
+        let captured = dp.try_forward_with(x, |m, x| m.forward(x * scale.clone()));
+        assert_other_device_refused(captured.map(|t| t.dims()));
+        return;
+    }
     if parallel && B::concurrent_backward() {
         let actual = loss(dp.forward_with(x, |m, x| m.forward(x * scale.clone())));
         let started = std::time::Instant::now();
@@ -84,6 +96,21 @@ fn captured_in_the_loss_case<B: DataParallelBackend>(parallel: bool) {
         &values(scale.grad(&expected).expect("captured gradient")),
         "captured gradient",
     );
+}
+
+/// With replicas on distinct devices, a tensor captured on the caller's device meets a
+/// replica's tensors on another device: Burn's device check fails that replica, and the
+/// wrapper returns its panic as an error naming it.
+fn assert_other_device_refused<T: std::fmt::Debug>(result: Result<T, DataParallelError>) {
+    match result {
+        Err(DataParallelError::ReplicaPanicked {
+            replica, message, ..
+        }) => {
+            assert!(replica > 0, "replica 0 shares the caller's device");
+            assert!(message.contains("same device"), "message: {message}");
+        }
+        other => panic!("expected replica on another device to fail, got {other:?}"),
+    }
 }
 
 /// The text of a panic's payload.

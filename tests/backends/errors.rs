@@ -239,8 +239,8 @@ fn replica_failures_are_errors<B: DataParallelBackend>() {
 }
 
 backend_tests! {
-    configuration => configuration_errors();
-    inputs => input_errors();
+    configuration => configuration_errors(), moves_nothing = "refused before a forward";
+    inputs => input_errors(), moves_nothing = "inputs refused before a transfer";
     outputs => output_errors();
     replica_failures => replica_failures_are_errors();
 }

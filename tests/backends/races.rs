@@ -62,6 +62,7 @@ fn under_stress<B: DataParallelBackend, C: FnOnce()>(
         },
     ];
     let mut failed = Vec::new();
+    let rounds = stress_rounds(rounds);
     for index in 0..rounds {
         let checks = round();
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(checks)).is_err() {

@@ -121,7 +121,7 @@ backend_tests! {
         fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too";
     side_mask_by_hand => side_inputs_case(Side::Mask, true, false, true),
         fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too";
-    mask_fill_on_row_slices => mask_fill_on_row_slices_case();
+    mask_fill_on_row_slices => mask_fill_on_row_slices_case(), moves_nothing = "no wrapper";
 }
 
 /// Burn alone, no wrapper: `mask_fill(mask.greater_elem(0.0), 0.0)` on the whole tensor and on

@@ -306,5 +306,5 @@ backend_tests! {
     byte_identical_records => records_are_byte_identical();
     checkpoint_round_trips => checkpoints_round_trip();
     valid_and_train => valid_and_train_round_trip();
-    display => display_shows_the_wrapped_module();
+    display => display_shows_the_wrapped_module(), moves_nothing = "no forward";
 }

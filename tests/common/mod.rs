@@ -12,7 +12,17 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_dataparallel::DataParallelBackend;
 use burn_dataparallel::{DataParallel, Forward, Scatter};
 
+#[cfg(feature = "cubecl")]
+pub mod adapter;
+#[cfg(feature = "cubecl")]
+mod distinct;
 mod spread;
+#[cfg(feature = "cubecl")]
+pub mod wgpu_devices;
+
+#[cfg(feature = "cubecl")]
+#[allow(unused_imports)]
+pub use distinct::*;
 
 /// The CPU backend every test runs on.
 pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
@@ -35,14 +45,22 @@ pub type CubeHalfAd = burn::backend::Autodiff<
 pub type CubeAd =
     burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
-/// Instantiates generic test bodies for every backend: the two CPU backends always, the CUDA
-/// backends with the `cuda` feature (f32 with and without fusion, f16 without).
+/// Instantiates generic test bodies for every backend: the two CPU backends always,
+/// `CubeBackend` on wgpu with its replicas on distinct devices (with the `cubecl` feature, a
+/// default), the CUDA backends with the `cuda` feature (f32 with and without fusion, f16
+/// without).
 ///
 /// `backend_tests! { name => body(args); }` defines `flex::name`, `ndarray::name`,
-/// `cuda_fusion::name`, `cuda_cube::name` and `cuda_cube_half::name` (the wrapper refuses
-/// Burn 0.21's `Fusion` in f16, `DataParallelError::FusionHalfPrecision`),
-/// each calling `body::<Backend>(args)`. Attributes written before `name` apply to the Flex
-/// variant only.
+/// `wgpu_distinct::name` (replicas alternating between two wgpu devices, tensors moved
+/// through host memory: [`on_distinct_wgpu_devices`]), `cuda_fusion::name`, `cuda_cube::name`
+/// and `cuda_cube_half::name` (the wrapper refuses Burn 0.21's `Fusion` in f16,
+/// `DataParallelError::FusionHalfPrecision`), each calling `body::<Backend>(args)`.
+/// Attributes written before `name` apply to the Flex variant only.
+///
+/// `name => body(args), moves_nothing = "reason";` marks a test that moves nothing between
+/// devices by design (one replica, a batch of one row, an error before the first transfer,
+/// no wrapper at all): under `wgpu_distinct` it runs on the distinct devices' plan like the
+/// others, and checks that nothing crossed devices instead of that something did.
 ///
 /// `name => body(args), fusion_fails = "reason";` marks a known fault of Burn 0.21's Fusion
 /// backend: `cuda_fusion::name` is ignored with that reason (listed as ignored in every run,
@@ -67,7 +85,7 @@ macro_rules! backend_tests {
         }
     };
     ($($(#[$flex:meta])* $name:ident => $body:ident ( $($arg:expr),* )
-        $(, fusion_fails = $reason:literal)?;)*) => {
+        $(, fusion_fails = $reason:literal)? $(, moves_nothing = $nothing:literal)?;)*) => {
         mod flex {
             use super::*;
             $(#[test] $(#[$flex])* fn $name() {
@@ -84,6 +102,18 @@ macro_rules! backend_tests {
                 })
             })*
         }
+        #[cfg(feature = "cubecl")]
+        mod wgpu_distinct {
+            use super::*;
+            $(#[test] fn $name() {
+                let moves_nothing: Option<&str> = None $(.or(Some($nothing)))?;
+                let _ = $crate::common::on_distinct_wgpu_devices(
+                    stringify!($name),
+                    moves_nothing,
+                    || $body::<$crate::common::WgpuCubeAd>($($arg),*),
+                );
+            })*
+        }
         $crate::backend_tests!(@cuda cuda_fusion, TF32_TOLERANCE, CudaAd;
             $($name => $body($($arg),*) $([$reason])?;)*);
         $crate::backend_tests!(@cuda cuda_cube, TF32_TOLERANCE, CubeAd;
@@ -97,10 +127,19 @@ macro_rules! backend_tests {
 /// `DATAPARALLEL_TEST_TIMEOUT` seconds (120 by default): a hang becomes a failure naming the
 /// test instead of a CI run that never ends. Panics of `body` come through unchanged.
 pub fn within<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+    within_for(name, 120, body)
+}
+
+/// [`within`], with `default` seconds where `DATAPARALLEL_TEST_TIMEOUT` is not set.
+pub fn within_for<T: Send + 'static>(
+    name: &str,
+    default: u64,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let limit = std::env::var("DATAPARALLEL_TEST_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(120u64);
+        .unwrap_or(default);
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name(name.to_string())
@@ -116,13 +155,30 @@ pub fn within<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + '
     }
 }
 
+/// The rounds a stress test runs: `rounds`, or a tenth of them (at least 20) with replicas on
+/// distinct wgpu devices, where lavapipe moves every tensor through host memory and each
+/// round costs tens of milliseconds.
+pub fn stress_rounds(rounds: usize) -> usize {
+    #[cfg(feature = "cubecl")]
+    if distinct::distinct_plan() {
+        return (rounds / 10).max(20);
+    }
+    rounds
+}
+
 /// `n` entries of the backend's default device: several replicas on one device exercise every
 /// code path of the pipeline.
 ///
 /// With `DATAPARALLEL_TEST_DEVICES=distinct`, replica `i` goes to device `i` modulo the
 /// backend's device count instead (the first is the default device), so that the same tests
 /// run on several GPUs: outputs and gradients must still equal the single-device run.
+///
+/// Tests under [`on_distinct_wgpu_devices`] get that thread's plan of distinct devices instead.
 pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
+    #[cfg(feature = "cubecl")]
+    if let Some(devices) = distinct::planned::<B>(n) {
+        return devices;
+    }
     match std::env::var("DATAPARALLEL_TEST_DEVICES").as_deref() {
         Ok("distinct") => spread::spread::<B>(n),
         _ => vec![B::Device::default(); n],
