@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|vulkan|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -18,6 +18,8 @@
 # (`strategies` runs that one alone), and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
+# `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
+# devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
 # alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs),
 # the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N
@@ -38,7 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-gpu-bundle}
-BINARIES="backends half_precision kernels step_time concat learner_cnn cross_stream train_step autodiff_threads strategies"
+BINARIES="backends half_precision kernels step_time concat learner_cnn cross_stream train_step autodiff_threads strategies host_staged"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -50,7 +52,7 @@ build() {
     for bin in $wanted; do
         case $bin in
             backends | half_precision | kernels) tests+=(--test "$bin") ;;
-            step_time | concat | train_step | autodiff_threads | strategies) benches+=(--bench "$bin") ;;
+            step_time | concat | train_step | autodiff_threads | strategies | host_staged) benches+=(--bench "$bin") ;;
             learner_cnn | cross_stream) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
         esac
@@ -362,6 +364,17 @@ run() {
                 --exact $expected
         fi
     fi
+    if [ "$what" = vulkan ]; then
+        # Replicas on distinct wgpu devices of a GPU through its Vulkan driver (tensors moved
+        # through host memory): the generic suite's wgpu_distinct cases, then the host-staged
+        # bench at a GPU's size. WGPU_DEVICES (default,discrete:0: one GPU as two devices)
+        # names them as DATAPARALLEL_WGPU_DEVICES does; the Vulkan loader must be installed.
+        local wgpu_devices=${WGPU_DEVICES:-default,discrete:0}
+        DATAPARALLEL_WGPU_DEVICES=$wgpu_devices DATAPARALLEL_REQUIRE_WGPU=1 \
+            step tests-wgpu-distinct "$tests_limit" ./backends --test-threads=1 wgpu_distinct::
+        DATAPARALLEL_WGPU_DEVICES=$wgpu_devices \
+            step bench-host-staged "$bench_limit" ./host_staged ${HOST_STAGED_ARGS:-large}
+    fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"
     fi
@@ -394,7 +407,7 @@ run() {
     suites=$(cd "$logs" && ls suite-*.log 2>/dev/null | sed 's/\.log$//' | sort -V) || true
     for name in tests-cuda-fusion tests-cuda-cube tests-cuda-cube-half \
         tests-cuda-faults tests-cuda-half-backends \
-        tests-kernels-cuda tests-multi-fusion tests-multi-cube $suites; do
+        tests-kernels-cuda tests-multi-fusion tests-multi-cube tests-wgpu-distinct $suites; do
         [ -f "$logs/$name.log" ] || continue
         echo "$name: $(grep -E '^test result' "$logs/$name.log" || echo 'no result line')"
         # (--nocapture output shares the lines of half_precision's results: no count there.)
@@ -416,6 +429,7 @@ run() {
         bench-models-torch bench-models bench-strategies bench-scaling-torch bench-scaling; do
         [ -f "$logs/$name.log" ] && { grep -E '^(\||median ratio)' "$logs/$name.log" || true; }
     done
+    [ -f "$logs/bench-host-staged.log" ] && grep -E '^(\||MLP|distinct)' "$logs/bench-host-staged.log"
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
     echo
     cat "$table"
@@ -425,7 +439,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|vulkan|all]" >&2
         exit 2
         ;;
 esac
