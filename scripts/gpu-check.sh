@@ -25,7 +25,7 @@
 # the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N
 # at a time) and the Fusion suite FUSION_RUNS times (1, a process per test file,
 # FUSION_JOBS at a time (1), then the expected failures), each in a fresh process, none
-# started after TRUST_DEADLINE seconds; COMPARE_BUNDLE=DIR (a bundle
+# started after TRUST_DEADLINE seconds (TRUST_TOGETHER=1: both suites at once); COMPARE_BUNDLE=DIR (a bundle
 # built from another commit) adds that build's controls, alternating with this one's;
 # BUNDLE=DIR runs another bundle than gpu-bundle/.
 #
@@ -342,19 +342,33 @@ run() {
         }
         # The CubeBackend suite in one process per run, or with SUITE_JOBS a process per file
         # (SUITE_JOBS files at a time).
-        for ((run = 1; run <= ${SUITE_RUNS:-10}; run++)); do
-            [ "$SECONDS" -lt "$deadline" ] || break
-            if [ -n "${SUITE_JOBS:-}" ]; then
-                by_module "suite-cube-$run" cuda_cube "$SUITE_JOBS"
-            else
-                step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
-            fi
-        done
+        cube_suites() {
+            for ((run = 1; run <= ${SUITE_RUNS:-10}; run++)); do
+                [ "$SECONDS" -lt "$deadline" ] || break
+                if [ -n "${SUITE_JOBS:-}" ]; then
+                    by_module "suite-cube-$run" cuda_cube "$SUITE_JOBS"
+                else
+                    step "suite-cube-$run" "$tests_limit" ./backends --test-threads=1 cuda_cube::
+                fi
+            done
+        }
         # The Fusion suite a process per file (FUSION_JOBS at a time, 1), then the tests
         # marked `fusion_fails` (ignored), to see whether Burn's faults still fail them.
-        for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
-            by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
-        done
+        fusion_suites() {
+            for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
+                by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
+            done
+        }
+        # TRUST_TOGETHER=1 runs the two at the same time (on fresh caches, most of their time
+        # is NVRTC compiling on the CPU cores, which one suite alone does not fill).
+        if [ "${TRUST_TOGETHER:-0}" = 1 ]; then
+            cube_suites &
+            fusion_suites &
+            wait
+        else
+            cube_suites
+            fusion_suites
+        fi
         local expected
         expected=$(cd "$work" && ./backends --list --ignored 2>/dev/null |
             sed -n 's/: test$//p' | grep 'cuda_fusion::') || true

@@ -118,9 +118,11 @@ backend_tests! {
     side_both_parallel => side_inputs_case(Side::Both, true, true, false),
         fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8) in some runs";
     side_both_by_hand => side_inputs_case(Side::Both, true, false, true),
-        fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too";
+        fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too",
+        moves_nothing = "by hand, no wrapper";
     side_mask_by_hand => side_inputs_case(Side::Mask, true, false, true),
-        fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too";
+        fusion_fails = "Burn 0.21 Fusion: mask_fill on row slices, CubeCL rejects the fused kernel (vector size 16 > 8), the by_hand cases too",
+        moves_nothing = "by hand, no wrapper";
     mask_fill_on_row_slices => mask_fill_on_row_slices_case(), moves_nothing = "no wrapper";
 }
 

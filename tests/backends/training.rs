@@ -303,8 +303,8 @@ backend_tests! {
     sgd_steps => sgd_steps_match_bare();
     adam_steps => adam_steps_match_bare();
     optimizer_state_carries_over => optimizer_state_carries_over_to_the_bare_model();
-    byte_identical_records => records_are_byte_identical();
-    checkpoint_round_trips => checkpoints_round_trip();
+    byte_identical_records => records_are_byte_identical(), moves_nothing = "records only, no forward";
+    checkpoint_round_trips => checkpoints_round_trip(), moves_nothing = "checkpoints only, no forward";
     valid_and_train => valid_and_train_round_trip();
     display => display_shows_the_wrapped_module(), moves_nothing = "no forward";
 }
