@@ -138,6 +138,11 @@ fn main() {
             label: "bare",
             devices: None,
         },
+        // The bare model on one replica's shard: what each replica's share costs alone.
+        Config {
+            label: "bare, half the batch",
+            devices: None,
+        },
         Config {
             label: "2 replicas, one device",
             devices: Some(vec![first.clone(), first]),
@@ -151,9 +156,8 @@ fn main() {
         "MLP {widths:?}, batch {batch}, devices {:?}",
         &distinct[..2]
     );
-    let mut runs: Vec<Run> = configs
-        .iter()
-        .map(|c| Run::new(c, &widths, batch))
+    let mut runs: Vec<Run> = (configs.iter().enumerate())
+        .map(|(c, config)| Run::new(config, &widths, if c == 1 { batch / 2 } else { batch }))
         .collect();
     // Warm-up: compilation and autotune for every configuration.
     for run in &mut runs {
@@ -205,7 +209,7 @@ fn main() {
         }
         dp.set_profiling(false);
     }
-    let (one, distinct) = (summary[1], summary[2]);
+    let (one, distinct) = (summary[2], summary[3]);
     println!(
         "distinct devices against one device: {:.2}x the step ({:.2} against {:.2} ms; \
          rounds {:.2}-{:.2} against {:.2}-{:.2}); the difference, {:.2} ms, is {:.0} % of the step",

@@ -10,7 +10,8 @@
 #                                        #       to LOG_DIR, print a short table last
 #
 # Each check has a time limit (TESTS_LIMIT, BENCH_LIMIT, TORCH_LIMIT seconds) so that a call
-# ends in time to bring its logs back; ONLY="tests-cuda-fusion bench-models ..." runs only the
+# ends in time to bring its logs back (where the machine's call has a limit of its own, run
+# the script under a `timeout` shorter than it and pack LOG_DIR after); ONLY="tests-cuda-fusion bench-models ..." runs only the
 # checks named. BENCH_ARGS picks the step-time bench's backends (fusion, cube, cpu),
 # MODELS_ARGS the train-step bench's backends and models (fusion, cube; mlp, resnet18,
 # encoder); SKIP_EXAMPLE=1 skips the example, SKIP_STEP_TIME=1 the step-time bench. `models`
@@ -327,16 +328,30 @@ run() {
             local label=$1 backend=$2 jobs=$3 names modules module began=$SECONDS failed
             names=$(cd "$work" && ./backends --list 2>/dev/null | sed -n 's/: test$//p' |
                 grep "$backend::") || true
-            modules=$(sed 's/::.*//' <<<"$names" | sort -u)
+            # TRUST_FILES (a regular expression) keeps only the files it matches.
+            modules=$(sed 's/::.*//' <<<"$names" | sort -u | grep -E "^(${TRUST_FILES:-.*})$") || true
+            # Files named in SPLIT_FILES (races: its stress tests take minutes each on Fusion)
+            # run a process per test.
+            local split=" ${SPLIT_FILES:-races} " test
             for module in $modules; do
                 [ "$SECONDS" -lt "$deadline" ] || break
+                local tests
+                tests=$(grep -E "^$module::([a-z_]+::)?$backend::" <<<"$names")
+                if [[ "$split" == *" $module "* ]]; then
+                    for test in $tests; do
+                        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+                        step "$label-$module-${test##*::}" "$tests_limit" ./backends \
+                            --test-threads=1 --exact "$test" &
+                    done
+                    continue
+                fi
                 while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-                # shellcheck disable=SC2046 # one argument per test name
+                # shellcheck disable=SC2086 # one argument per test name
                 step "$label-$module" "$tests_limit" ./backends --test-threads=1 \
-                    --exact $(grep "^$module::$backend::" <<<"$names") &
+                    --exact $tests &
             done
             wait
-            failed=$(grep -c "^| $label-[a-z_]* | FAIL" "$table") || true
+            failed=$(grep -c "^| $label-[a-z_-]* | FAIL" "$table") || true
             echo "| $label, all files | $([ "$failed" = 0 ] && echo pass ||
                 echo "$failed files FAIL") | $((SECONDS - began)) |" >>"$table"
         }
