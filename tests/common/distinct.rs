@@ -30,7 +30,7 @@ thread_local! {
 
 /// `n` devices from this thread's plan (entry `i` is the plan's `i` modulo its length), or
 /// `None` without a plan.
-pub(super) fn planned<B: Backend>(n: usize) -> Option<Vec<B::Device>> {
+pub(crate) fn planned<B: Backend>(n: usize) -> Option<Vec<B::Device>> {
     PLAN.with(|plan| {
         let plan = plan.borrow();
         let ids = plan.as_ref()?;
