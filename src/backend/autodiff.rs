@@ -92,10 +92,7 @@ impl<B: ConcatBackend> Backward<B, 1> for PieceBackward {
         let grad = grads.consume::<B>(&ops.node);
         let (bucket, index) = ops.state;
         let mut stored = bucket.grads.lock().unwrap_or_else(|e| e.into_inner());
-        stored[index] = Some(match stored[index].take() {
-            Some(previous) => B::float_add(previous, grad),
-            None => grad,
-        });
+        super::add_to::<B>(&mut stored[index], grad);
     }
 }
 

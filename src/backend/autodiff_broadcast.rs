@@ -137,10 +137,7 @@ impl<B: ConcatBackend> Backward<B, 2> for RelayBackward {
         let grad = grads.consume::<B>(&ops.node);
         let (state, index) = ops.state;
         let mut stored = state.grads.lock().unwrap_or_else(|e| e.into_inner());
-        stored[index] = Some(match stored[index].take() {
-            Some(previous) => B::float_add(previous, grad),
-            None => grad,
-        });
+        super::add_to::<B>(&mut stored[index], grad);
     }
 }
 

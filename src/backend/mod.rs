@@ -138,3 +138,14 @@ pub(crate) fn slices<'a>(
         )
     })
 }
+
+/// `grad` added to what `slot` holds.
+pub(crate) fn add_to<B: ConcatBackend>(
+    slot: &mut Option<burn::tensor::ops::FloatTensor<B>>,
+    grad: burn::tensor::ops::FloatTensor<B>,
+) {
+    *slot = Some(match slot.take() {
+        Some(sum) => B::float_add(sum, grad),
+        None => grad,
+    });
+}

@@ -48,6 +48,7 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::Shape;
 use burn::tensor::ops::FloatTensor;
 
+pub(super) use super::add_to;
 use super::{ConcatBackend, Part, ReplicaSetup};
 
 mod forward;
@@ -177,12 +178,4 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
     fn lock(&self) -> MutexGuard<'_, State<B>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// `grad` added to what `slot` holds.
-fn add_to<B: ConcatBackend>(slot: &mut Option<FloatTensor<B>>, grad: FloatTensor<B>) {
-    *slot = Some(match slot.take() {
-        Some(sum) => B::float_add(sum, grad),
-        None => grad,
-    });
 }
