@@ -13,11 +13,12 @@
 //!   devices into one graph, with one join on the calling thread, before the replicas run.
 //!   The copies on other devices are moved from the parameters themselves, not from their
 //!   nodes, so that a parameter no replica's loss reaches gets no gradient through the
-//!   transfer's backward (`backend/autodiff_broadcast.rs`), as on one device. (Joining each shard at once into the graph of a fresh anchor
-//!   leaf instead gave 3 wrong rounds of 750 in that test: the anchor, dropped after the
-//!   forward, is an unused root that Burn's cleanup after another thread's backward removes
-//!   from the graph locator, and with it, when it was the merged graph's origin, the
-//!   locator's record of which nodes belong to that graph.)
+//!   transfer's backward (`backend/autodiff_broadcast.rs`), as on one device. (Joining each
+//!   shard at once into the graph of a fresh anchor leaf instead gave 3 wrong rounds of 750
+//!   in that test: the anchor, dropped after the forward, is an unused root that Burn's
+//!   cleanup after another thread's backward removes from the graph locator, and with it,
+//!   when it was the merged graph's origin, the locator's record of which nodes belong to
+//!   that graph.)
 //! - [`Ties::Graphs`]: the parallel backward. Every tracked tensor a replica receives becomes
 //!   a leaf of the replica's own graph ([`ReplicaGraphs::leaf`]) and every output a stand-in
 //!   in the caller's ([`ReplicaGraphs::output`]); see `backend/replica_graphs/`.
@@ -180,17 +181,23 @@ impl<B: ConcatBackend> Ties<B> {
 
     /// Under [`Ties::Anchored`], joins into one graph, on the calling thread and before the
     /// replicas run, everything the replicas' forwards start from: the parameters' nodes, the
-    /// tracked shards and copies the scatter made, and the tracked parameters of `copies`
-    /// (those moved to other devices are new nodes). One join node per 16 parents, no
-    /// kernel; the join is never part of a backward.
-    pub(crate) fn join<M: Module<B>>(&self, copies: &[&M]) {
+    /// tracked shards and copies the scatter made, and the tracked parameters of `moved`, the
+    /// copies moved to other devices (new nodes). One join node per 16 parents, no kernel;
+    /// the join is never part of a backward.
+    pub(crate) fn join<M: Module<B>>(&self, moved: &[&M]) {
         let Ties::Anchored(anchor) = self else {
             return;
         };
         let mut nodes = std::mem::take(&mut *lock(&anchor.nodes));
-        let mut collect = TrackedNodes(&mut nodes);
-        for copy in copies {
-            copy.visit(&mut collect);
+        for copy in moved {
+            let mut tracked = TrackedFloats {
+                found: HashMap::new(),
+            };
+            copy.visit(&mut tracked);
+            nodes.extend(tracked.found.into_values().filter_map(|value| match value {
+                TensorPrimitive::Float(node) => Some(node),
+                TensorPrimitive::QFloat(_) => None,
+            }));
         }
         if nodes.len() >= 2 {
             B::float_join_graphs(nodes);
@@ -272,20 +279,6 @@ impl<B: ConcatBackend> ModuleMapper<B> for AnchorNodes<B> {
             }
             node
         })
-    }
-}
-
-/// Collects the tracked float parameters' nodes.
-struct TrackedNodes<'a, B: Backend>(&'a mut Vec<FloatTensor<B>>);
-
-impl<B: ConcatBackend> ModuleVisitor<B> for TrackedNodes<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        if is_tracked(&tensor)
-            && let TensorPrimitive::Float(node) = tensor.into_primitive()
-        {
-            self.0.push(node);
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The parameter broadcast of the single backward under `Autodiff`
-//! ([`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)): the parameters travel in one coalesced buffer, and
-//! their gradients come back in one, but each copy stays tied to its own parameter, so that
-//! a parameter none of whose copies received a gradient gets none (as on one device), not
-//! zeros.
+//! ([`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)): the
+//! parameters travel in one coalesced buffer, and their gradients come back in one, but each
+//! copy stays tied to its own parameter, so that a parameter none of whose copies received a
+//! gradient gets none (as on one device), not zeros.
 //!
 //! The graph, for tensors `t_i` moved to another device:
 //!
@@ -68,7 +68,8 @@ impl<B: ConcatBackend> std::fmt::Debug for Broadcast<B> {
 }
 
 /// `tensors` moved to `device` in one coalesced buffer (the inner backend's
-/// [`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)), each copy tied to its tensor as the module docs say.
+/// [`TransferOps::float_move_coalesced`](super::TransferOps::float_move_coalesced)), each copy
+/// tied to its tensor as the module docs say.
 pub(super) fn move_coalesced<B: ConcatBackend, C: CheckpointStrategy>(
     tensors: Vec<Tracked<B>>,
     device: &B::Device,

@@ -79,9 +79,9 @@ fn fenced_to_device<B: ConcatBackend, const D: usize, K: BasicOps<B>>(
     let source = tensor.device();
     if &source != device {
         super::comm::note_moved(tensor.shape().num_elements() * tensor.dtype().size());
-    }
-    if B::host_staged_transfers() && &source != device {
-        return super::host_staged(tensor, device);
+        if B::host_staged_transfers() {
+            return super::host_staged(tensor, device);
+        }
     }
     B::fence_receive(device);
     let moved = tensor.to_device(device);

@@ -79,7 +79,7 @@ impl<B: Backend> ModuleVisitor<B> for OnDevice<'_, B> {
     }
 }
 
-/// Flattens every non-empty float parameter that is not on `device` yet.
+/// Every non-empty float parameter that is not on `device` yet, as it travels.
 struct Collect<'a, B: Backend> {
     device: &'a B::Device,
     leaves: Option<&'a HashMap<ParamId, FloatTensor<B>>>,

@@ -118,7 +118,12 @@ fn copies<B: ConcatBackend, M: Module<B>>(
             ties.parameters(copy, replica, &targets)
         })
         .collect();
-    ties.join(&made.iter().map(|(_, _, copy)| copy).collect::<Vec<_>>());
+    // Copies on the module's device hold the module's own nodes, which the join has already.
+    let moved: Vec<&M> = (made.iter())
+        .filter(|(device, _, _)| !broadcast::is_on(module, device))
+        .map(|(_, _, copy)| copy)
+        .collect();
+    ties.join(&moved);
     states.restore(module);
     replicas
 }

@@ -499,7 +499,8 @@ backend_tests! {
     mlp_four_replicas => mlp_matches_bare(4, 16);
     mlp_seven_over_three => mlp_matches_bare(3, 7);
     mlp_two_over_four => mlp_matches_bare(4, 2);
-    mlp_one_over_four => mlp_matches_bare(4, 1), moves_nothing = "a batch of one row runs the module itself";
+    mlp_one_over_four => mlp_matches_bare(4, 1),
+        moves_nothing = "a batch of one row runs the module itself";
     mlp_one_device => mlp_matches_bare(1, 5), moves_nothing = "one replica";
     forward_trait => forward_trait_matches_bare(3);
     conv_net_two_replicas => conv_net_matches_bare(2, 6);
@@ -519,10 +520,13 @@ backend_tests! {
     nested_structures => nested_structures_match_bare(3);
     elementwise_chain_steps => elementwise_chain_steps_match_bare(3);
     split_pieces => chain_pieces_match_rows(Pieces::Split, false), moves_nothing = "no wrapper";
-    split_pieces_on_threads => chain_pieces_match_rows(Pieces::Split, true), moves_nothing = "no wrapper";
+    split_pieces_on_threads => chain_pieces_match_rows(Pieces::Split, true),
+        moves_nothing = "no wrapper";
     host_pieces => chain_pieces_match_rows(Pieces::Host, false), moves_nothing = "no wrapper";
-    host_pieces_on_threads => chain_pieces_match_rows(Pieces::Host, true), moves_nothing = "no wrapper";
+    host_pieces_on_threads => chain_pieces_match_rows(Pieces::Host, true),
+        moves_nothing = "no wrapper";
     int_and_bool_round_trip => int_and_bool_tensors_round_trip(4);
     persistent_workers => replicas_run_on_persistent_workers(3);
-    single_shard => single_shard_output_is_the_bare_output(4), moves_nothing = "a batch of one row runs the module itself";
+    single_shard => single_shard_output_is_the_bare_output(4),
+        moves_nothing = "a batch of one row runs the module itself";
 }

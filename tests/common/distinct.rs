@@ -1,10 +1,10 @@
 //! The generic tests on distinct devices without a GPU: CubeCL's `CubeBackend` on the wgpu
 //! runtime, with the replicas cycling through [`wgpu_devices`]: by default
-//! `WgpuDevice::DefaultDevice` and `WgpuDevice::Cpu`. Those are two Burn devices with a CubeCL server each (over Mesa's
-//! lavapipe in CI, both on the one CPU adapter), between which Burn 0.21 cannot copy, so the
-//! wrapper moves every tensor through host memory: parameters are copied to the other
-//! device, running states kept per device and folded back, shards scattered, outputs
-//! gathered and gradients reduced across devices, as on several GPUs.
+//! `WgpuDevice::DefaultDevice` and `WgpuDevice::Cpu`. Those are two Burn devices with a CubeCL
+//! server each (over Mesa's lavapipe in CI, both on the one CPU adapter), between which Burn
+//! 0.21 cannot copy, so the wrapper moves every tensor through host memory: parameters are
+//! copied to the other device, running states kept per device and folded back, shards
+//! scattered, outputs gathered and gradients reduced across devices, as on several GPUs.
 
 use std::cell::RefCell;
 use std::sync::{Mutex, MutexGuard, Once};
