@@ -22,7 +22,8 @@
 # `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
 # devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
-# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs),
+# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs) and
+# the races' positive control (RACE_CONTROL_SECS),
 # the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N
 # at a time) and the Fusion suite FUSION_RUNS times (1, a process per test file,
 # FUSION_JOBS at a time (1), then the expected failures), each in a fresh process, none
@@ -318,6 +319,14 @@ run() {
             [ ! -x "$work/cross_stream-before" ] || step "controls-before-$round" \
                 "$bench_limit" ./cross_stream-before all "${CONTROL_COUNT:-200}"
         done
+        # The races' positive control: Burn #5573's loops on the bare model, without the
+        # wrapper, on every backend built, each until it loses a gradient or for
+        # RACE_CONTROL_SECS (30; 0 skips it): the race stress's zeros bound something only
+        # where these fail to pass.
+        if [ "${RACE_CONTROL_SECS:-30}" != 0 ]; then
+            DATAPARALLEL_CONTROL_SECS=${RACE_CONTROL_SECS:-30} step race-control "$tests_limit" \
+                ./backends --test-threads=1 --ignored races::positive_control::
+        fi
         # TRUST_DEADLINE (seconds since the script started) stops starting further runs, so
         # that a call ends in time to bring its logs and caches back.
         local deadline=${TRUST_DEADLINE:-1000000}
