@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|vulkan|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|repeat|vulkan|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -19,6 +19,8 @@
 # (`strategies` runs that one alone), and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
+# `repeat` runs a test filter many times in fresh processes (REPEAT_FILTER, REPEAT_RUNS,
+# REPEAT_JOBS; REPEAT_STREAMS=1 on one CubeCL stream per device) and counts its failures.
 # `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
 # devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
@@ -412,6 +414,34 @@ run() {
             step tests-wgpu-distinct "$tests_limit" ./backends --test-threads=1 wgpu_distinct::
         DATAPARALLEL_WGPU_DEVICES=$wgpu_devices \
             step bench-host-staged "$bench_limit" ./host_staged ${HOST_STAGED_ARGS:-large}
+    fi
+    if [ "$what" = repeat ]; then
+        # How often an intermittent failure comes: the tests REPEAT_FILTER names (arguments
+        # to the test binary) REPEAT_RUNS times (20), each in a fresh process, REPEAT_JOBS at
+        # a time (4). REPEAT_STREAMS=N runs them with CubeCL's `[streaming] max_streams = N`
+        # (1: every thread of a process on one stream per device, the control for faults
+        # between streams). Each failing test is counted by name in LOG_DIR/LABEL.txt, LABEL
+        # being repeat-streams-N or repeat-streams-default.
+        local label="repeat-streams-${REPEAT_STREAMS:-default}" dir=$work run
+        if [ -n "${REPEAT_STREAMS:-}" ]; then
+            dir="$work-streams"
+            rm -rf "$dir"
+            cp -r "$work" "$dir"
+            printf '\n[streaming]\nmax_streams = %s\n' "$REPEAT_STREAMS" >>"$dir/cubecl.toml"
+        fi
+        for ((run = 1; run <= ${REPEAT_RUNS:-20}; run++)); do
+            while [ "$(jobs -rp | wc -l)" -ge "${REPEAT_JOBS:-4}" ]; do wait -n || true; done
+            # shellcheck disable=SC2086 # REPEAT_FILTER is a list of arguments
+            (cd "$dir" && timeout -k 10 "$tests_limit" ./backends --test-threads=1 \
+                ${REPEAT_FILTER:?REPEAT_FILTER names the tests}) >"$logs/$label-$run.log" 2>&1 &
+        done
+        wait
+        local failed
+        failed=$(cat "$logs/$label"-*.log | sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' |
+            sort | uniq -c | sort -rn) || true
+        echo "$failed" >"$logs/$label.txt"
+        echo "| $label, ${REPEAT_RUNS:-20} runs | $(grep -L '^test result: ok' "$logs/$label"-*.log |
+            wc -l) runs failed | - |" >>"$table"
     fi
     if [ "$what" = cold ]; then
         cold_start "$logs" "$gpus"

@@ -345,8 +345,10 @@ backend_tests! {
     wrapper_inside_a_wrapper_serial => wrapper_inside_a_wrapper_case(false);
     dropped_outputs => dropped_outputs_then_a_step_case(true);
     dropped_outputs_serial => dropped_outputs_then_a_step_case(false);
-    untouched_inputs => untouched_inputs_get_no_gradient_case(true);
-    untouched_inputs_serial => untouched_inputs_get_no_gradient_case(false);
+    untouched_inputs => untouched_inputs_get_no_gradient_case(true),
+        fusion_fails = "Burn 0.21 Fusion: mask_fill with a comparison mask, CubeCL rejects the fused kernel (vector size 16 > 8) in some runs, as side_inputs' side_both";
+    untouched_inputs_serial => untouched_inputs_get_no_gradient_case(false),
+        fusion_fails = "Burn 0.21 Fusion: mask_fill with a comparison mask, CubeCL rejects the fused kernel (vector size 16 > 8) in some runs, as side_inputs' side_both";
     outputs_left_out => outputs_left_out_of_the_loss_case(true);
     outputs_left_out_serial => outputs_left_out_of_the_loss_case(false);
     second_wrapper_ignores_part => second_wrapper_ignores_part_of_the_first_output_case(true);

@@ -45,6 +45,10 @@ pub struct Heads<B: Backend> {
     pub aux: Linear<B>,
     #[module(skip)]
     pub custom: Custom,
+    /// Waits for the device after each step, so that the item is written before burn-train's
+    /// metric thread reads it (see [`Heads::synced`]).
+    #[module(skip)]
+    pub synced: bool,
 }
 
 impl<B: Backend> Heads<B> {
@@ -54,6 +58,26 @@ impl<B: Backend> Heads<B> {
             head: LinearConfig::new(12, 3).init(device),
             aux: LinearConfig::new(12, 1).init(device),
             custom,
+            synced: false,
+        }
+    }
+
+    /// The model waiting for its device at the end of every step. The bare Learner's
+    /// reference needs it on CUDA with `CubeBackend`: burn-train 0.21 computes its metrics on
+    /// a thread of its own, hence on another CubeCL stream, and in 14 of 88 runs of this file
+    /// (one H200, 2026-12-02) the bare Learner logged a wrong loss for an epoch's last
+    /// batch (negative, for a loss that cannot be), while the parameters were right; with
+    /// CubeCL on one stream per device, 0 of 104 runs. The wrapper's own logs were right in
+    /// all of them.
+    pub fn synced(mut self) -> Self {
+        self.synced = true;
+        self
+    }
+
+    /// Waits for `device` when [`Heads::synced`].
+    fn sync_if_asked(&self, device: &B::Device) {
+        if self.synced {
+            B::sync(device).expect("the device finishes the step");
         }
     }
 
@@ -92,6 +116,7 @@ impl<B: AutodiffBackend> TrainStep for Heads<B> {
 
     fn step(&self, batch: ImageBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
         let (loss, item) = self.classify(batch);
+        let device = loss.device();
         let mut grads = GradientsParams::from_grads(loss.backward(), self);
         if self.custom == Custom::ZeroedBias {
             let bias = self.body.bias.as_ref().expect("a bias");
@@ -99,6 +124,7 @@ impl<B: AutodiffBackend> TrainStep for Heads<B> {
             grads.remove::<B::InnerBackend, 1>(bias.id);
             grads.register::<B::InnerBackend, 1>(bias.id, zeros);
         }
+        self.sync_if_asked(&device);
         TrainOutput { grads, item }
     }
 
@@ -120,7 +146,9 @@ impl<B: Backend> InferenceStep for Heads<B> {
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: ImageBatch<B>) -> ClassificationOutput<B> {
-        self.classify(batch).1
+        let item = self.classify(batch).1;
+        self.sync_if_asked(&item.loss.device());
+        item
     }
 }
 
@@ -197,7 +225,9 @@ fn custom_steps_match_the_bare_learner<B: DataParallelBackend>(custom: Custom, o
         .with_loss_reduction(reduction)
         .init(Heads::<B>::new(custom, &device), devices::<B>(3))
         .unwrap();
-    let bare = Heads::<B>::new(custom, &device).load_record(dp.module().clone().into_record());
+    let bare = Heads::<B>::new(custom, &device)
+        .synced()
+        .load_record(dp.module().clone().into_record());
     let dir = tempfile::tempdir().unwrap();
     let (bare_dir, dp_dir) = (dir.path().join("bare"), dir.path().join("wrapped"));
     let (trained_bare, trained_dp) = match optim {
