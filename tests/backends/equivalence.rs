@@ -60,7 +60,10 @@ fn batch_norm_training_matches_per_shard_reference<B: DataParallelBackend>(repli
         .unwrap()
         .with_running_states_per_device();
     let reference = BnNet::<B>::new(0.0, &device).load_record(dp.module().clone().into_record());
-    let input = random::<B, 2>([7, 8], &device);
+    // Shards of 4, 3 and 3 rows: batch norm over a shard of 2 rows divides by the spread of
+    // two values and magnified TF32's rounding past the CUDA tolerance (one hidden unit's
+    // weight gradient 1.4 % off, Fusion on fresh CubeCL caches, one H200, 2026-12-02).
+    let input = random::<B, 2>([10, 8], &device);
     let expected = per_shard_reference(&dp, input.clone(), |x| reference.forward(x));
     let actual = dp.forward_with(input, |m, x| m.forward(x));
     assert_output_and_grads_close(dp.module(), actual, &reference, expected);
