@@ -520,7 +520,8 @@ backend_tests! {
     mean_loss_seven_over_three => mean_loss_matches_bare(3, 7);
     mean_loss_two_over_four => mean_loss_matches_bare(4, 2);
     sum_loss => sum_loss_matches_bare(3);
-    nested_structures => nested_structures_match_bare(3);
+    nested_structures => nested_structures_match_bare(3),
+        fusion_fails = "Burn 0.21 Fusion: mask_fill with a comparison mask over row slices, on fresh CubeCL caches the first shard's rows all filled once (as side_inputs' by_hand cases, no wrapper)";
     elementwise_chain_steps => elementwise_chain_steps_match_bare(3);
     split_pieces => chain_pieces_match_rows(Pieces::Split, false), moves_nothing = "no wrapper";
     split_pieces_on_threads => chain_pieces_match_rows(Pieces::Split, true),
