@@ -263,13 +263,22 @@ fn custom_steps_match_the_bare_learner<B: DataParallelBackend>(custom: Custom, o
             .collect::<Vec<_>>(),
         "the same metric logs"
     );
-    for ((name, actual), (_, expected)) in dp_logs.iter().zip(&bare_logs) {
-        assert_close(
-            actual,
-            expected,
-            &format!("{custom:?} with {optim:?}: {name}"),
-        );
-    }
+    // Every log compared before failing, each difference printed, so that a failure shows
+    // which side is off (on CUDA, burn-train's metric thread has logged wrong values: see
+    // `Heads::synced`).
+    let differing: Vec<&String> = (dp_logs.iter().zip(&bare_logs))
+        .filter_map(|((name, actual), (_, expected))| {
+            let what =
+                format!("{custom:?} with {optim:?}: {name} (actual: wrapped, expected: bare)");
+            std::panic::catch_unwind(|| assert_close(actual, expected, &what))
+                .err()
+                .map(|_| name)
+        })
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "metric logs that differ, each printed above: {differing:?}"
+    );
 }
 
 /// A batch-norm model's own training step: its running statistics after the step are the
