@@ -1,4 +1,5 @@
-//! The [`DataParallel`] wrapper: its construction, settings and forward entry points.
+//! The [`DataParallel`] wrapper: its construction and forward entry points (what it holds
+//! and was built with: `data_parallel/settings.rs`).
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -9,13 +10,13 @@ use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::forward::Forward;
 use crate::gather::Gather;
-use crate::profile::StepProfile;
 use crate::replicate::initialize;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
-use crate::shards::LossReduction;
 use crate::shards::Shards;
 use crate::step;
+
+mod settings;
 
 /// A module whose forward splits the batch over several devices and runs one replica per
 /// device at the same time.
@@ -131,75 +132,6 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.module = on_device(self.module, &device);
         self.settings.output_device = device;
         Ok(self)
-    }
-
-    /// The wrapped module, which holds the parameters.
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-
-    /// Unwraps the module, for saving, inference or further training without the wrapper.
-    pub fn into_inner(self) -> M {
-        self.module
-    }
-
-    /// The devices the replicas run on, one entry per replica. (Burn's
-    /// [`Module::devices`] gives where the parameters are: the output device.)
-    pub fn replica_devices(&self) -> &[B::Device] {
-        &self.settings.devices
-    }
-
-    /// The device where outputs are gathered and the parameters live.
-    pub fn output_device(&self) -> &B::Device {
-        &self.settings.output_device
-    }
-
-    /// The dimension inputs are split along and outputs concatenated along.
-    pub fn dim(&self) -> usize {
-        self.settings.dim
-    }
-
-    /// The relative share of the batch given to each device, if set.
-    pub fn shard_weights(&self) -> Option<&[f64]> {
-        self.settings.shard_weights.as_deref()
-    }
-
-    /// Whether each replica's backward is to run on its own worker thread under autodiff
-    /// ([`DataParallelConfig::parallel_backward`]; backends without
-    /// [`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward) run it on the calling thread regardless).
-    pub fn parallel_backward(&self) -> bool {
-        self.settings.parallel_backward
-    }
-
-    /// How the model's own training step reduces its loss ([`DataParallelConfig::loss_reduction`]).
-    pub fn loss_reduction(&self) -> LossReduction {
-        self.settings.loss_reduction
-    }
-
-    /// The largest coalesced parameter transfer to a replica on another device, in bytes.
-    pub fn bucket_size(&self) -> usize {
-        self.settings.bucket_size
-    }
-
-    /// Turns the per-step [`StepProfile`] on or off (off by default; shared with clones of the
-    /// wrapper and with its `valid()` copy).
-    ///
-    /// While on, each stage ends by synchronising the devices it used, so that its time is
-    /// the device's: steps run slower and the stages no longer overlap. While off, a forward
-    /// pays one atomic load.
-    pub fn set_profiling(&self, enabled: bool) {
-        self.settings.profiler.set_enabled(enabled);
-    }
-
-    /// Whether steps are being profiled.
-    pub fn is_profiling(&self) -> bool {
-        self.settings.profiler.is_enabled()
-    }
-
-    /// The profile of the last forward taken while profiling was on, including the gradient
-    /// transfers of its backward once that has run; `None` before the first such forward.
-    pub fn profile(&self) -> Option<StepProfile> {
-        self.settings.profiler.last()
     }
 
     /// How `input` would be split: one entry per replica that receives items.
