@@ -65,10 +65,9 @@ impl<B: Backend> Heads<B> {
     /// The model waiting for its device at the end of every step. The bare Learner's
     /// reference needs it on CUDA with `CubeBackend`: burn-train 0.21 computes its metrics on
     /// a thread of its own, hence on another CubeCL stream, and in 14 of 88 runs of this file
-    /// (one H200, 2026-12-02) the bare Learner logged a wrong loss for an epoch's last
-    /// batch (negative, for a loss that cannot be), while the parameters were right; with
-    /// CubeCL on one stream per device, 0 of 104 runs. The wrapper's own logs were right in
-    /// all of them.
+    /// (one H200, 2026-12-02) a logged value of an epoch's last batch differed while the
+    /// parameters were right, in 7 of them the bare Learner's loss negative, which it cannot
+    /// be; with CubeCL on one stream per device, 0 of 104 runs.
     pub fn synced(mut self) -> Self {
         self.synced = true;
         self
