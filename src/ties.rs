@@ -182,9 +182,9 @@ impl<B: ConcatBackend> Ties<B> {
     /// Under [`Ties::Anchored`], joins into one graph, on the calling thread and before the
     /// replicas run, everything the replicas' forwards start from: the parameters' nodes, the
     /// tracked shards and copies the scatter made, and the tracked parameters of `moved`, the
-    /// copies moved to other devices (new nodes). One join node per 16 parents, no kernel;
-    /// the join is never part of a backward.
-    pub(crate) fn join<M: Module<B>>(&self, moved: &[&M]) {
+    /// copies moved to other devices (new nodes), taken from the iterator only here. One join
+    /// node per 16 parents, no kernel; the join is never part of a backward.
+    pub(crate) fn join<'a, M: Module<B> + 'a>(&self, moved: impl IntoIterator<Item = &'a M>) {
         let Ties::Anchored(anchor) = self else {
             return;
         };

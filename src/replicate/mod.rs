@@ -118,12 +118,13 @@ fn copies<B: ConcatBackend, M: Module<B>>(
             ties.parameters(copy, replica, &targets)
         })
         .collect();
-    // Copies on the module's device hold the module's own nodes, which the join has already.
-    let moved: Vec<&M> = (made.iter())
-        .filter(|(device, _, _)| !broadcast::is_on(module, device))
-        .map(|(_, _, copy)| copy)
-        .collect();
-    ties.join(&moved);
+    // Copies on the module's device hold the module's own nodes, which the join has already;
+    // lazily, so that only the ties that join visit the module for it.
+    ties.join(
+        (made.iter())
+            .filter(|(device, _, _)| !broadcast::is_on(module, device))
+            .map(|(_, _, copy)| copy),
+    );
     states.restore(module);
     replicas
 }
