@@ -41,13 +41,16 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     }
 
     /// Whether each replica's backward is to run on its own worker thread under autodiff
-    /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward); backends without
-    /// [`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward) run it on the calling thread regardless).
+    /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward);
+    /// backends without
+    /// [`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward) run it
+    /// on the calling thread regardless).
     pub fn parallel_backward(&self) -> bool {
         self.settings.parallel_backward
     }
 
-    /// How the model's own training step reduces its loss ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
+    /// How the model's own training step reduces its loss
+    /// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
     pub fn loss_reduction(&self) -> LossReduction {
         self.settings.loss_reduction
     }

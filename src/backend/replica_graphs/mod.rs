@@ -48,7 +48,6 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::Shape;
 use burn::tensor::ops::FloatTensor;
 
-pub(super) use super::add_to;
 use super::{ConcatBackend, Part, ReplicaSetup};
 
 mod forward;

@@ -15,9 +15,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::super::ConcatBackend;
 use super::super::comm;
-use super::{Graphs, Status, Tracked, add_to};
+use super::super::{ConcatBackend, add_to};
+use super::{Graphs, Status, Tracked};
 
 /// One replica's backward, seeded with its outputs' gradients: the root is the flat
 /// concatenation of each output times its gradient (Burn seeds a root with ones, so each
