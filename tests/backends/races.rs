@@ -40,6 +40,34 @@ fn sweeper_loop<B: DataParallelBackend>(stop: Arc<AtomicBool>) {
     }
 }
 
+/// Starts `pairs` victim loops over leaves of `size` x `size`, counting into `lost`, and as
+/// many sweepers, all running until `stop`.
+fn start_loops<B: DataParallelBackend>(
+    pairs: usize,
+    size: usize,
+    stop: &Arc<AtomicBool>,
+    lost: &Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    for _ in 0..pairs {
+        let (victim_stop, lost) = (stop.clone(), lost.clone());
+        threads.push(std::thread::spawn(move || {
+            victim_loop::<B>(victim_stop, lost, size)
+        }));
+        let sweeper_stop = stop.clone();
+        threads.push(std::thread::spawn(move || sweeper_loop::<B>(sweeper_stop)));
+    }
+    threads
+}
+
+/// Stops the loops [`start_loops`] started and waits for them.
+fn stop_loops(stop: &AtomicBool, threads: Vec<std::thread::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().expect("a victim or sweeper loop");
+    }
+}
+
 /// Runs `rounds` rounds with the victim and sweeper loops running beside them: each round
 /// computes its gradients (`round`) and returns the checks of them, which are caught, so that
 /// every wrong round is counted. Prints the count beside the bare loop's lost gradients and
@@ -51,16 +79,7 @@ fn under_stress<B: DataParallelBackend, C: FnOnce()>(
 ) {
     let stop = Arc::new(AtomicBool::new(false));
     let bare_lost = Arc::new(AtomicUsize::new(0));
-    let beside = vec![
-        {
-            let (stop, lost) = (stop.clone(), bare_lost.clone());
-            std::thread::spawn(move || victim_loop::<B>(stop, lost, 128))
-        },
-        {
-            let stop = stop.clone();
-            std::thread::spawn(move || sweeper_loop::<B>(stop))
-        },
-    ];
+    let beside = start_loops::<B>(1, 128, &stop, &bare_lost);
     let mut failed = Vec::new();
     let rounds = stress_rounds(rounds);
     for index in 0..rounds {
@@ -69,10 +88,7 @@ fn under_stress<B: DataParallelBackend, C: FnOnce()>(
             failed.push(index);
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    for thread in beside {
-        thread.join().expect("the loop beside");
-    }
+    stop_loops(&stop, beside);
     eprintln!(
         "{rounds} {what}: {} with a wrong or missing gradient; the bare loop beside them lost a \
          gradient {} times",
@@ -209,23 +225,12 @@ fn bare_loops_lose_a_gradient<B: DataParallelBackend>() {
         .unwrap_or(60);
     let stop = Arc::new(AtomicBool::new(false));
     let lost = Arc::new(AtomicUsize::new(0));
-    let mut threads = Vec::new();
-    for _ in 0..LOOPS {
-        let (victim_stop, lost) = (stop.clone(), lost.clone());
-        threads.push(std::thread::spawn(move || {
-            victim_loop::<B>(victim_stop, lost, 256)
-        }));
-        let sweeper_stop = stop.clone();
-        threads.push(std::thread::spawn(move || sweeper_loop::<B>(sweeper_stop)));
-    }
+    let threads = start_loops::<B>(LOOPS, 256, &stop, &lost);
     let began = std::time::Instant::now();
     while lost.load(Ordering::Relaxed) == 0 && began.elapsed().as_secs() < bound {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    stop.store(true, Ordering::Relaxed);
-    for thread in threads {
-        thread.join().expect("a loop of the control");
-    }
+    stop_loops(&stop, threads);
     let lost = lost.load(Ordering::Relaxed);
     eprintln!(
         "positive control: {lost} lost gradients in {:.1} s",
