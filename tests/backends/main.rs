@@ -9,6 +9,7 @@ mod common;
 
 mod batch_norm;
 mod captured;
+mod chain;
 mod equivalence;
 mod errors;
 #[cfg(feature = "cuda")]
