@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --release --features cuda --example cross_stream -- all [ROUNDS]
 //! cargo run --release --features cuda --example cross_stream -- reuse [ROUNDS]
+//! cargo run --release --features cuda --example cross_stream -- late [ROUNDS]
 //! cargo run --release --features cuda --example cross_stream -- bare cube|fusion [ROUNDS]
 //! cargo run --release --features cuda --example cross_stream -- wrapper cube|fusion REPLICAS PARALLEL_BACKWARD(0|1) [ROUNDS]
 //! ```
@@ -22,6 +23,17 @@
 //!   a new one of the same size. With the worker on a stream of its own (Burn's default), the
 //!   second read returns the new tensor's values; with the worker on the main thread's stream
 //!   (`StreamId::executes`), never.
+//! - `late`: the second gap, again on `CubeBackend` alone. A stream's wait for another is
+//!   keyed to the cursor at which a buffer was *allocated* (`handle_cursor` reads the slice's
+//!   cursor, set when the memory is bound): once stream B has waited for stream A past that
+//!   point, B reads the buffer without waiting again, even if A has since queued a write to
+//!   it. The main thread makes a buffer of zeros, a worker thread reads another buffer of the
+//!   main stream (B waits for A, past the zeros' allocation), then the main thread queues a
+//!   few milliseconds of matrix products and adds 5 to the zeros in place, and hands them to
+//!   the worker, which reads them. On the worker's own stream it may read the zeros; on the
+//!   main thread's stream, or with the main thread waiting for its device before the hand-off
+//!   (`Backend::sync`), it reads 5. burn-train 0.21 reads every step's output on a metric
+//!   thread of its own in this way (`metric/processor/async_wrapper.rs`, `ItemLazy::sync`).
 //! - `bare`: an MLP driven from two persistent worker threads by hand (no wrapper): each runs
 //!   the forward of half the batch, the main thread concatenates and runs the backward, four
 //!   steps before the gradients are compared with the same steps on the main thread alone.
@@ -61,6 +73,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     match arg(0).unwrap_or("all") {
         "reuse" => reuse_both(rounds(1, 50)),
+        "late" => late_all(rounds(1, 50)),
         "bare" => bare_both(arg(1).unwrap_or("cube"), rounds(2, 100)),
         "wrapper" => wrapper(
             arg(1).unwrap_or("cube"),
@@ -71,6 +84,7 @@ fn main() {
         "all" => {
             let n = rounds(1, 200);
             reuse_both(n / 4);
+            late_all(n / 4);
             for backend in ["cube", "fusion"] {
                 bare_both(backend, n);
                 wrapper(backend, 1, true, n);
@@ -78,7 +92,7 @@ fn main() {
                 wrapper(backend, 2, false, n);
             }
         }
-        other => panic!("unknown control {other}: reuse, bare, wrapper or all"),
+        other => panic!("unknown control {other}: reuse, late, bare, wrapper or all"),
     }
 }
 
@@ -155,6 +169,77 @@ fn reuse_round(shared: bool) -> f32 {
             .fold(0.0, f32::max);
         drop((first, w, fill));
         error
+    })
+}
+
+/// How the `late` control's worker reads the main thread's buffer.
+#[derive(Clone, Copy)]
+enum Late {
+    /// On its own stream (Burn's default), the buffer handed over at once.
+    Own,
+    /// On the main thread's stream.
+    Shared,
+    /// On its own stream, the main thread waiting for its device before the hand-off.
+    Synced,
+}
+
+/// `late` in each of its three ways.
+fn late_all(rounds: usize) {
+    for (way, streams) in [
+        (Late::Own, "own (Burn's default)"),
+        (Late::Shared, "the caller's"),
+        (Late::Synced, "own, the caller synced"),
+    ] {
+        let started = Instant::now();
+        let wrong: Vec<f32> = (0..rounds).map(|_| late_round(way)).collect();
+        row("late", "cube", streams, &wrong, started);
+    }
+}
+
+/// One round of `late`; the relative error of the worker's read of the buffer (1 where it
+/// read the zeros).
+fn late_round(way: Late) -> f32 {
+    const N: usize = 1 << 20;
+    let device = device();
+    // Allocated before the worker waits for this stream.
+    let x = Tensor::<Cube, 1>::zeros([N], &device);
+    let other = Tensor::<Cube, 1>::ones([N], &device);
+    let caller = StreamId::current();
+    let (to_worker, from_main) = channel::<Tensor<Cube, 1>>();
+    let (to_main, from_worker) = channel::<Vec<f32>>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let work = move || {
+                for tensor in from_main {
+                    let values = tensor.into_data().to_vec::<f32>().expect("f32 values");
+                    to_main.send(values).expect("the main thread waits");
+                }
+            };
+            match way {
+                Late::Shared => caller.executes(work),
+                Late::Own | Late::Synced => work(),
+            }
+        });
+        // The worker's read of `other` makes its stream wait for this one, past `x`.
+        to_worker.send(other).expect("a worker");
+        from_worker.recv().expect("the worker's read");
+        // Keeps this stream busy for a few milliseconds before the write to `x`.
+        let mut w = Tensor::<Cube, 2>::ones([1024, 1024], &device) / 1024.0;
+        for _ in 0..40 {
+            w = w.clone().matmul(w);
+        }
+        // In place: `x` has no other handle.
+        let x = x + 5.0;
+        if let Late::Synced = way {
+            Cube::sync(&device).expect("the device finishes");
+        }
+        to_worker.send(x).expect("a worker");
+        let values = from_worker.recv().expect("the worker's read");
+        drop((to_worker, w));
+        values
+            .iter()
+            .map(|v| (v - 5.0).abs() / 5.0)
+            .fold(0.0, f32::max)
     })
 }
 

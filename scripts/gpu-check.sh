@@ -24,7 +24,8 @@
 # `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
 # devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
-# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs) and
+# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream.rs;
+# CONTROLS="late" for one of them, CONTROL_COUNT rounds) and
 # the races' positive control (RACE_CONTROL_SECS),
 # the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N
 # at a time) and the Fusion suite FUSION_RUNS times (1, a process per test file,
@@ -317,9 +318,12 @@ run() {
         # suite once (FUSION_RUNS).
         local round run
         for ((round = 1; round <= ${CONTROL_ROUNDS:-1}; round++)); do
-            step "controls-$round" "$bench_limit" ./cross_stream all "${CONTROL_COUNT:-200}"
+            # shellcheck disable=SC2086 # CONTROLS is a control's name and its arguments
+            step "controls-$round" "$bench_limit" ./cross_stream ${CONTROLS:-all} \
+                "${CONTROL_COUNT:-200}"
+            # shellcheck disable=SC2086
             [ ! -x "$work/cross_stream-before" ] || step "controls-before-$round" \
-                "$bench_limit" ./cross_stream-before all "${CONTROL_COUNT:-200}"
+                "$bench_limit" ./cross_stream-before ${CONTROLS:-all} "${CONTROL_COUNT:-200}"
         done
         # The races' positive control: Burn #5573's loops on the bare model, without the
         # wrapper, on every backend built, each until it loses a gradient or for
@@ -379,7 +383,8 @@ run() {
             done
         }
         # The Fusion suite a process per file (FUSION_JOBS at a time, 1), then the tests
-        # marked `fusion_fails` (ignored), to see whether Burn's faults still fail them.
+        # marked `fusion_fails` (ignored), to see whether Burn's faults still fail them
+        # (FUSION_RUNS=0: neither).
         fusion_suites() {
             for ((run = 1; run <= ${FUSION_RUNS:-1}; run++)); do
                 by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
@@ -398,7 +403,7 @@ run() {
         local expected
         expected=$(cd "$work" && ./backends --list --ignored 2>/dev/null |
             sed -n 's/: test$//p' | grep 'cuda_fusion::') || true
-        if [ -n "$expected" ] && [ "$SECONDS" -lt "$deadline" ]; then
+        if [ -n "$expected" ] && [ "${FUSION_RUNS:-1}" != 0 ] && [ "$SECONDS" -lt "$deadline" ]; then
             # shellcheck disable=SC2046 # one argument per test name
             step "suite-fusion-expected" "$tests_limit" ./backends --test-threads=1 --ignored \
                 --exact $expected
