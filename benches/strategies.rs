@@ -36,7 +36,11 @@
 //! Environment: `STRATEGIES_REPLICAS` (default `2,4`), `STRATEGIES_STEPS="WARM,TIMED"`
 //! (default `3,10` on the CPU, `5,20` on CUDA), `STRATEGIES_BATCH` (the global batch; default
 //! the model's `train_step` batch), `STRATEGIES_ROUNDS`; `STRATEGIES_CSV` appends the rows to
-//! a CSV file that `train_step plot-speedup-global` draws.
+//! a CSV file that `train_step plot-speedup-global` draws. `STRATEGIES_FREE=1`: the model's
+//! `TrainStep` does not wait for its device before noting its start, so that a step's time
+//! is the pace the loop keeps when nothing waits but what the strategy itself waits for (the
+//! row "items not synced" against "Learner" is then the cost of the wrapper's
+//! `sync_learner_steps`).
 
 use std::time::Duration;
 
@@ -111,6 +115,7 @@ fn bench_model<B: DataParallelBackend>(
         for strategy in [
             Strategy::WrapperLoop,
             Strategy::WrapperLearner,
+            Strategy::WrapperLearnerUnsynced,
             Strategy::MultiDeviceMain,
             Strategy::MultiDeviceSharded,
             Strategy::AllReduce,

@@ -87,6 +87,21 @@ pub struct DataParallelConfig {
     /// output's and needs no such setting.
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
+    /// Under burn-train's `Learner`, whether the wrapper's `TrainStep::step` and
+    /// `InferenceStep::step` wait for the output device before they hand back their item
+    /// (`Backend::sync`), so that burn-train's metric thread reads finished values.
+    ///
+    /// On by default: burn-train 0.21 reads every step's item on a thread of its own, and
+    /// with CubeCL 0.10 on CUDA that thread's stream waits for the step's stream only up to
+    /// the point where it last waited, if the item's buffers were allocated before it: a
+    /// write queued to such a buffer after that point may not have run when it is read, and
+    /// the step's logged loss or accuracy is wrong (the parameters are not: it is only what
+    /// the metrics read). The crate's `examples/cross_stream.rs` (`late`) reproduces it on
+    /// `CubeBackend` alone; the bare Learner has the same fault. The wait costs the overlap
+    /// of a step's device work with the next step's launches (see `benches/RESULTS.md`).
+    /// Off: the wrapper's items are handed back as the bare model's are.
+    #[config(default = true)]
+    pub sync_learner_steps: bool,
     /// Allows Burn 0.21's `Fusion` in f16 (`burn_cuda::Cuda<f16>`), which computes wrong
     /// outputs when several forwards of different row counts are queued before one is read,
     /// as replicas do: off by default, so that such a wrapper is refused with
@@ -109,6 +124,7 @@ pub(crate) struct Settings<D> {
     pub(crate) overlap_reduce: bool,
     pub(crate) backward_timeout: Option<Duration>,
     pub(crate) loss_reduction: LossReduction,
+    pub(crate) sync_learner_steps: bool,
     /// One lane per device entry; none for a single device.
     pub(crate) workers: Option<Arc<Workers>>,
     pub(crate) profiler: Arc<Profiler>,
@@ -153,6 +169,7 @@ impl<D: Clone + PartialEq> Settings<D> {
             overlap_reduce: config.overlap_reduce,
             backward_timeout: config.backward_timeout_secs.map(Duration::from_secs),
             loss_reduction: config.loss_reduction,
+            sync_learner_steps: config.sync_learner_steps,
             workers,
             profiler,
         })

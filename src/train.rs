@@ -48,12 +48,17 @@ where
     /// Runs the model's own training step on every replica with its shard and combines the
     /// replicas' gradients and outputs (see the module docs).
     ///
+    /// With [`sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps) (the
+    /// default), waits for the output device before returning.
+    ///
     /// # Panics
     ///
     /// When a replica's step fails or the outputs do not gather (a [`DataParallelError`]):
     /// `TrainStep` has no error channel.
     fn step(&self, item: M::Input) -> TrainOutput<M::Output> {
-        train_step(self, item).unwrap_or_else(|error| panic!("{error}"))
+        let output = train_step(self, item).unwrap_or_else(|error| panic!("{error}"));
+        settle::<B>(&self.settings);
+        output
     }
 
     /// Runs the model's own `optimize` with the Learner's optimizer.
@@ -91,21 +96,38 @@ where
     type Input = M::Input;
     type Output = M::Output;
 
-    /// Runs the model's own inference step on every replica and gathers the outputs.
+    /// Runs the model's own inference step on every replica and gathers the outputs; with
+    /// [`sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps) (the default),
+    /// waits for the output device before returning.
     ///
     /// # Panics
     ///
     /// When a replica's step fails or the outputs do not gather (a [`DataParallelError`]):
     /// `InferenceStep` has no error channel.
     fn step(&self, item: M::Input) -> M::Output {
-        step::forward(
+        let item = step::forward(
             &self.module,
             &self.settings,
             item,
             |replica, shard| Ok::<_, std::convert::Infallible>(InferenceStep::step(replica, shard)),
             self.own_states,
         )
-        .unwrap_or_else(|error| panic!("{error}"))
+        .unwrap_or_else(|error| panic!("{error}"));
+        settle::<B>(&self.settings);
+        item
+    }
+}
+
+/// Waits for the output device when the settings ask for it, before a step's item goes to
+/// burn-train's metric thread ([`DataParallelConfig::sync_learner_steps`]: CubeCL 0.10 lets
+/// another thread's stream read a buffer before a write queued to it has run).
+///
+/// [`DataParallelConfig::sync_learner_steps`]: crate::DataParallelConfig::sync_learner_steps
+fn settle<B: burn::tensor::backend::Backend>(settings: &Settings<B::Device>) {
+    if settings.sync_learner_steps {
+        // A device that fails here fails the metric thread's read of the item too, with
+        // the device's own error.
+        let _ = B::sync(&settings.output_device);
     }
 }
 

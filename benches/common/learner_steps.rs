@@ -50,7 +50,9 @@ impl<B: AutodiffBackend> TrainStep for Model<B> {
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
-        B::sync(&batch.targets.device()).expect("sync");
+        if std::env::var("STRATEGIES_FREE").as_deref() != Ok("1") {
+            B::sync(&batch.targets.device()).expect("sync");
+        }
         STARTS.lock().unwrap().push(Instant::now());
         let item = self.classify(batch);
         let memory = (*MEMORY.lock().unwrap())();

@@ -12,7 +12,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::train::{ExecutionStrategy, Learner, MultiDeviceOptim};
-use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
+use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, Mean};
 
 use crate::learner_steps::{Batch, Random, STARTS};
 use crate::models::{Model, Sizes};
@@ -29,6 +29,9 @@ pub enum Strategy {
     WrapperLoop,
     /// `DataParallel` under the `Learner` (the model's own `TrainStep` on every replica).
     WrapperLearner,
+    /// The same with `sync_learner_steps(false)`: the wrapper hands each step's item to
+    /// burn-train's metric thread without waiting for the device.
+    WrapperLearnerUnsynced,
     /// burn-train's `MultiDevice`, optimizer on the main device.
     MultiDeviceMain,
     /// burn-train's `MultiDevice`, optimizer sharded over the devices.
@@ -45,6 +48,9 @@ impl Strategy {
             Strategy::Bare => "bare, Learner".into(),
             Strategy::WrapperLoop => format!("DataParallel x{n}, own loop"),
             Strategy::WrapperLearner => format!("DataParallel x{n}, Learner"),
+            Strategy::WrapperLearnerUnsynced => {
+                format!("DataParallel x{n}, Learner, items not synced")
+            }
             Strategy::MultiDeviceMain => format!("MultiDevice x{n}, OptimMainDevice"),
             Strategy::MultiDeviceSharded => format!("MultiDevice x{n}, OptimSharded"),
             Strategy::AllReduce => format!("burn-collective all-reduce x{n}, own loop"),
@@ -217,8 +223,10 @@ impl<B: DataParallelBackend> Setup<B> {
             Strategy::Bare => {
                 training!().launch(Learner::new(model, SgdConfig::new().init(), 0.01));
             }
-            Strategy::WrapperLearner => {
-                let dp = DataParallel::new(model, devices)
+            Strategy::WrapperLearner | Strategy::WrapperLearnerUnsynced => {
+                let dp = DataParallelConfig::new()
+                    .with_sync_learner_steps(strategy == Strategy::WrapperLearner)
+                    .init(model, devices)
                     .expect("replica devices")
                     .with_running_states_per_device();
                 training!().launch(Learner::new(dp, SgdConfig::new().init(), 0.01));

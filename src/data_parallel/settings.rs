@@ -55,6 +55,13 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.settings.loss_reduction
     }
 
+    /// Whether the steps run under burn-train's `Learner` wait for the output device before
+    /// handing back their item
+    /// ([`DataParallelConfig::sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps)).
+    pub fn sync_learner_steps(&self) -> bool {
+        self.settings.sync_learner_steps
+    }
+
     /// The largest coalesced parameter transfer to a replica on another device, in bytes.
     pub fn bucket_size(&self) -> usize {
         self.settings.bucket_size

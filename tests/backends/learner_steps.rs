@@ -212,6 +212,21 @@ fn logged(dir: &Path) -> Vec<(String, Vec<f32>)> {
 }
 
 fn custom_steps_match_the_bare_learner<B: DataParallelBackend>(custom: Custom, optim: Optim) {
+    steps_match_the_bare_learner::<B>(custom, optim, true)
+}
+
+/// With `sync_learner_steps(false)` the wrapper's steps hand their items back without waiting
+/// for the device: the parameters are the bare Learner's all the same (the logs are not
+/// compared: on CUDA, burn-train's metric thread may read such an item early).
+fn unsynced_items_train_as_the_bare_learner<B: DataParallelBackend>() {
+    steps_match_the_bare_learner::<B>(Custom::Penalty, Optim::Sgd, false)
+}
+
+fn steps_match_the_bare_learner<B: DataParallelBackend>(
+    custom: Custom,
+    optim: Optim,
+    sync_items: bool,
+) {
     if let Optim::Adam = optim {
         relax_for_adam();
     }
@@ -222,8 +237,10 @@ fn custom_steps_match_the_bare_learner<B: DataParallelBackend>(custom: Custom, o
     };
     let dp = DataParallelConfig::new()
         .with_loss_reduction(reduction)
+        .with_sync_learner_steps(sync_items)
         .init(Heads::<B>::new(custom, &device), devices::<B>(3))
         .unwrap();
+    assert_eq!(dp.sync_learner_steps(), sync_items);
     let bare = Heads::<B>::new(custom, &device)
         .synced()
         .load_record(dp.module().clone().into_record());
@@ -248,6 +265,9 @@ fn custom_steps_match_the_bare_learner<B: DataParallelBackend>(custom: Custom, o
             e,
             &format!("{custom:?} with {optim:?}: parameters after 3 epochs"),
         );
+    }
+    if !sync_items {
+        return;
     }
     let (bare_logs, dp_logs) = (logged(&bare_dir), logged(&dp_dir));
     assert!(!bare_logs.is_empty(), "the bare Learner logged its metrics");
@@ -332,5 +352,6 @@ backend_tests! {
     zeroed_bias_adam => custom_steps_match_the_bare_learner(Custom::ZeroedBias, Optim::Adam);
     zeroed_bias_sgd => custom_steps_match_the_bare_learner(Custom::ZeroedBias, Optim::Sgd);
     sum_reduced_sgd => custom_steps_match_the_bare_learner(Custom::SumReduced, Optim::Sgd);
+    unsynced_items => unsynced_items_train_as_the_bare_learner();
     batch_norm_train_step => batch_norm_statistics_under_the_train_step();
 }
