@@ -98,8 +98,10 @@ pub struct DataParallelConfig {
     /// the step's logged loss or accuracy is wrong (the parameters are not: it is only what
     /// the metrics read). The crate's `examples/cross_stream.rs` (`late`) reproduces it on
     /// `CubeBackend` alone; the bare Learner has the same fault. The wait costs the overlap
-    /// of a step's device work with the next step's launches (see `benches/RESULTS.md`).
-    /// Off: the wrapper's items are handed back as the bare model's are.
+    /// of a step's device work with the next step's launches: on one H200, two replicas of a
+    /// launch-bound MLP took 3.02 ms a step with it and 2.27 ms without (`benches/RESULTS.md`,
+    /// 2026-12-03). Off: the wrapper's items are handed back as the bare model's are, and a
+    /// logged metric may be wrong now and then (never the parameters).
     #[config(default = true)]
     pub sync_learner_steps: bool,
     /// Allows Burn 0.21's `Fusion` in f16 (`burn_cuda::Cuda<f16>`), which computes wrong
