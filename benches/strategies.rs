@@ -40,7 +40,8 @@
 //! `TrainStep` does not wait for its device before noting its start, so that a step's time
 //! is the pace the loop keeps when nothing waits but what the strategy itself waits for (the
 //! row "items not synced" against "Learner" is then the cost of the wrapper's
-//! `sync_learner_steps`).
+//! `sync_learner_steps`). `STRATEGIES_ONLY=learner,unsynced` runs only those strategies beside
+//! the bare Learner (keys: `loop`, `learner`, `unsynced`, `main`, `sharded`, `allreduce`).
 
 use std::time::Duration;
 
@@ -111,6 +112,11 @@ fn bench_model<B: DataParallelBackend>(
         cpu: Vec::new(),
         memory: None,
     }];
+    // STRATEGIES_ONLY: the strategies to run besides the bare Learner (all by default).
+    let only = std::env::var("STRATEGIES_ONLY").ok();
+    let wanted = |strategy: Strategy| {
+        (only.as_deref()).is_none_or(|list| list.split(',').any(|k| k.trim() == strategy.key()))
+    };
     for &n in &replica_counts {
         for strategy in [
             Strategy::WrapperLoop,
@@ -119,7 +125,10 @@ fn bench_model<B: DataParallelBackend>(
             Strategy::MultiDeviceMain,
             Strategy::MultiDeviceSharded,
             Strategy::AllReduce,
-        ] {
+        ]
+        .into_iter()
+        .filter(|s| wanted(*s))
+        {
             let rounds = match batch % n {
                 0 => Ok(Vec::new()),
                 _ => Err(format!(

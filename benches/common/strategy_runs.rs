@@ -43,6 +43,19 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// The strategy's name in `STRATEGIES_ONLY`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Strategy::Bare => "bare",
+            Strategy::WrapperLoop => "loop",
+            Strategy::WrapperLearner => "learner",
+            Strategy::WrapperLearnerUnsynced => "unsynced",
+            Strategy::MultiDeviceMain => "main",
+            Strategy::MultiDeviceSharded => "sharded",
+            Strategy::AllReduce => "allreduce",
+        }
+    }
+
     pub fn name(self, n: usize) -> String {
         match self {
             Strategy::Bare => "bare, Learner".into(),
