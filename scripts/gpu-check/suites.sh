@@ -93,9 +93,23 @@ mode_trust() {
             by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
         done
     }
-    # TRUST_TOGETHER=1 runs the two at the same time (on fresh caches, most of their time
-    # is NVRTC compiling on the CPU cores, which one suite alone does not fill).
-    if [ "${TRUST_TOGETHER:-0}" = 1 ]; then
+    # FRESH_ROUNDS=N instead: N rounds, each starting from empty CubeCL caches and an empty
+    # CUDA driver cache, as on a new machine, each both suites at once a process per file
+    # (SUITE_JOBS and FUSION_JOBS at a time, 8 by default); rows suite-cube-freshR and
+    # suite-fusion-freshR. TRUST_TOGETHER=1 runs the two at the same time (on fresh caches,
+    # most of their time is NVRTC compiling on the CPU cores, which one suite alone does not
+    # fill).
+    if [ -n "${FRESH_ROUNDS:-}" ]; then
+        local fresh
+        export CUDA_CACHE_PATH="$work/nv"
+        for ((fresh = 1; fresh <= FRESH_ROUNDS; fresh++)); do
+            [ "$SECONDS" -lt "$deadline" ] || break
+            empty_caches
+            by_module "suite-cube-fresh$fresh" cuda_cube "${SUITE_JOBS:-8}" &
+            by_module "suite-fusion-fresh$fresh" cuda_fusion "${FUSION_JOBS:-8}" &
+            wait
+        done
+    elif [ "${TRUST_TOGETHER:-0}" = 1 ]; then
         cube_suites &
         fusion_suites &
         wait
@@ -111,6 +125,17 @@ mode_trust() {
         step "suite-fusion-expected" "$tests_limit" ./backends --test-threads=1 --ignored \
             --exact $expected
     fi
+}
+
+# Empties the CubeCL caches in the run's work folder (everything but the binaries and
+# cubecl.toml, as the saved caches leave out) and the CUDA driver's cache kept there.
+empty_caches() {
+    local entry keep=" cubecl.toml "
+    for bin in $BINARIES; do keep+="$bin $bin-before "; done
+    for entry in "$work"/* "$work"/.[!.]*; do
+        [ -e "$entry" ] || continue
+        [[ "$keep" == *" ${entry##*/} "* ]] || rm -rf "$entry"
+    done
 }
 
 mode_vulkan() {
