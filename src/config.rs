@@ -96,7 +96,7 @@ pub struct DataParallelConfig {
     /// the point where it last waited, if the item's buffers were allocated before it: a
     /// write queued to such a buffer after that point may not have run when it is read, and
     /// the step's logged loss or accuracy is wrong (the parameters are not: it is only what
-    /// the metrics read). The crate's `examples/cross_stream.rs` (`late`) reproduces it on
+    /// the metrics read). The crate's `examples/cross_stream/` (`late`) reproduces it on
     /// `CubeBackend` alone; the bare Learner has the same fault. The wait costs the overlap
     /// of a step's device work with the next step's launches: on one H200, two replicas of a
     /// launch-bound MLP took 3.02 ms a step with it and 2.27 ms without (`benches/RESULTS.md`,
