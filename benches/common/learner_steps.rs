@@ -2,7 +2,7 @@
 //! each step starts and the device memory after the forward) and `InferenceStep`, and the
 //! random batches of its data loader. Included by `benches/strategies.rs`.
 
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 use burn::data::dataloader::batcher::Batcher;
@@ -38,6 +38,11 @@ pub static STARTS: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
 pub static PEAK: Mutex<Option<u64>> = Mutex::new(None);
 pub static MEMORY: Mutex<MemoryProbe> = Mutex::new(no_memory);
 
+/// `STRATEGIES_FREE=1`: steps do not wait for the device before noting their start (read
+/// once, not at every step).
+static FREE_RUNNING: LazyLock<bool> =
+    LazyLock::new(|| std::env::var("STRATEGIES_FREE").as_deref() == Ok("1"));
+
 /// Device memory in use, where the backend can tell.
 pub type MemoryProbe = fn() -> Option<u64>;
 
@@ -50,7 +55,7 @@ impl<B: AutodiffBackend> TrainStep for Model<B> {
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: Batch<B>) -> TrainOutput<ClassificationOutput<B>> {
-        if std::env::var("STRATEGIES_FREE").as_deref() != Ok("1") {
+        if !*FREE_RUNNING {
             B::sync(&batch.targets.device()).expect("sync");
         }
         STARTS.lock().unwrap().push(Instant::now());
