@@ -34,7 +34,8 @@
 # at a time) and the Fusion suite FUSION_RUNS times (1, a process per test file,
 # FUSION_JOBS at a time (1), then the expected failures), each in a fresh process, none
 # started after TRUST_DEADLINE seconds (TRUST_TOGETHER=1: both suites at once;
-# FRESH_ROUNDS=N: instead, N rounds of both at once, each on emptied caches); COMPARE_BUNDLE=DIR (a bundle
+# FRESH_ROUNDS=N: instead, N rounds, each on empty caches in a folder of its own, FRESH_SUITES
+# of them (cube fusion), FRESH_AT_ONCE rounds at a time (1)); COMPARE_BUNDLE=DIR (a bundle
 # built from another commit) adds that build's controls, alternating with this one's;
 # BUNDLE=DIR runs another bundle than gpu-bundle/.
 #
