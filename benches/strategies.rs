@@ -157,17 +157,27 @@ fn bench_model<B: DataParallelBackend>(
         let first = message.unwrap_or_default().replace('\n', " / ");
         eprintln!("panic in {}: {first}", thread.name().unwrap_or("a thread"));
     }));
-    for _ in 0..rounds {
+    for round in 1..=rounds {
         for config in configs.iter_mut() {
             let Ok(done) = &mut config.rounds else {
                 continue;
             };
             *PEAK.lock().unwrap() = None;
+            let began = std::time::Instant::now();
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 setup.run(config.strategy, config.replicas)
             }));
             match run {
                 Ok((times, cpu)) => {
+                    // Progress on stderr (the table comes after the last round): a run cut
+                    // short by a time limit still shows how far it came, and that the
+                    // first round of each configuration holds its compiling and tuning.
+                    eprintln!(
+                        "round {round}/{rounds}: {} in {:.1} s, median step {:?}",
+                        config.strategy.name(config.replicas),
+                        began.elapsed().as_secs_f64(),
+                        median(times.clone())
+                    );
                     done.push(times);
                     config.cpu.extend(cpu);
                     config.memory = config.memory.max(*PEAK.lock().unwrap());
