@@ -43,10 +43,17 @@ fn max_difference(actual: &[f32], expected: &[f32]) -> f32 {
 pub const CPU_TOLERANCE: f32 = 1e-5;
 
 /// Relative tolerance on CUDA. CubeCL's tensor-core matmuls read f32 inputs as TF32 (10-bit
-/// mantissa, unit roundoff 4.9e-4; `cubek-matmul-0.2.0/src/definition/blueprint.rs`), and
+/// mantissa, unit roundoff u = 4.9e-4; `cubek-matmul-0.2.0/src/definition/blueprint.rs`), and
 /// autotune picks a kernel per shape, so a shard and the whole batch can go through different
-/// precisions. Measured on an H200: up to 9e-4 after three Adam steps.
-pub const TF32_TOLERANCE: f32 = 2e-3;
+/// precisions. Each product rounds both its operands (up to 2u of every term), and a gradient
+/// goes through a chain of them: the tests' deepest compare gradients three or four products
+/// deep (two wrappers in a row, the backward's own product), up to about 8u = 3.9e-3 of the
+/// terms' magnitudes, hence 5e-3. Measured on an H200: up to 9e-4 after three Adam steps on
+/// kept caches; 2.7e-3 on fresh caches in `graphs::second_wrapper_ignores_part_serial`
+/// (every element off by 1e-5 to 8e-4, 2026-12-03). The faults this suite has caught on CUDA
+/// were 1.5 % to 32 % off (a lost or stale shard, a few elements a whole gradient off), and a
+/// lost or doubled replica's contribution is of the gradient's own size: all still fail.
+pub const TF32_TOLERANCE: f32 = 5e-3;
 
 /// Relative tolerance in half precision (f16: 10-bit mantissa like TF32, but every
 /// intermediate result is also stored rounded, and the shards' sums run in a different order
