@@ -205,8 +205,11 @@ fn class_weighted_learner<B: DataParallelBackend>(stated: Stated) {
             let off = (actual.iter().zip(&expected))
                 .map(|(a, e)| relative_error(a, e))
                 .fold(0f32, f32::max);
+            // Ten times what the matching cases may differ by: by rows the parameters are
+            // 0.12 off on CUDA (an H200, 2026-12-03), 24 times TF32's tolerance of 5e-3,
+            // while the matching cases stay within one tolerance.
             assert!(
-                off > 30.0 * tolerance(),
+                off > 10.0 * tolerance(),
                 "weighting by rows should be off for a class-weighted loss, is {off:e}"
             );
         }
