@@ -99,7 +99,8 @@ mode_trust() {
     # FRESH_ROUNDS=N instead: N rounds, each in a folder of its own with empty CubeCL caches
     # and an empty CUDA driver cache, as on a new machine; each runs the suites FRESH_SUITES
     # names (cube, fusion; both by default) at once, a process per file (SUITE_JOBS and
-    # FUSION_JOBS at a time, 8 by default); rows suite-cube-freshR and suite-fusion-freshR.
+    # FUSION_JOBS at a time, 8 by default; each file under TESTS_LIMIT, 540 s by default here);
+    # rows suite-cube-freshR and suite-fusion-freshR.
     # FRESH_AT_ONCE=K runs K rounds at the same time (1): on fresh caches a round's time is
     # mostly NVRTC compiling on the CPU, and its longest file (graphs) leaves most cores idle.
     if [ -n "${FRESH_ROUNDS:-}" ]; then
@@ -132,6 +133,10 @@ mode_trust() {
 # work folder of its own that holds only the binaries and cubecl.toml; removed after.
 fresh_round() { # round
     local round=$1 base=$work suite bin
+    # Fresh caches need a longer limit per file than run's 250 s: on 2026-12-03 the longest
+    # files took 318 s (`CubeBackend` `equivalence`, five rounds at once) and 359 s
+    # (Fusion's four-replica race stress, compiling on its one thread).
+    local tests_limit=${TESTS_LIMIT:-540}
     local work="$base-fresh$round"
     rm -rf "$work"
     mkdir -p "$work"
