@@ -102,7 +102,8 @@ mode_trust() {
     # FUSION_JOBS at a time, 8 by default; each file under TESTS_LIMIT, 540 s by default here);
     # rows suite-cube-freshR and suite-fusion-freshR.
     # FRESH_AT_ONCE=K runs K rounds at the same time (1): on fresh caches a round's time is
-    # mostly NVRTC compiling on the CPU, and its longest file (graphs) leaves most cores idle.
+    # mostly NVRTC compiling on the CPU, and its longest files (equivalence, graphs) leave
+    # most cores idle.
     if [ -n "${FRESH_ROUNDS:-}" ]; then
         local fresh
         for ((fresh = 1; fresh <= FRESH_ROUNDS; fresh++)); do
