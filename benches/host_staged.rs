@@ -100,8 +100,13 @@ impl Run {
                 Model::Bare(optim.step(0.01, bare, grads), optim)
             }
             Model::Wrapped(dp, mut optim) => {
-                let Mean(loss) =
-                    dp.forward_with((x, y), |m, (x, y)| Mean(loss_fn.forward(m.forward(x), y)));
+                let Mean(loss) = dp.forward_with((x, y), |m, (x, y)| {
+                    Mean(
+                        CrossEntropyLossConfig::new()
+                            .init(&y.device())
+                            .forward(m.forward(x), y),
+                    )
+                });
                 let grads = GradientsParams::from_grads(loss.backward(), &dp);
                 let dp = optim.step(0.01, dp, grads);
                 for device in dp.replica_devices() {

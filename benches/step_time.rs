@@ -82,7 +82,11 @@ fn time_steps<B: DataParallelBackend>(
             bare = optim_bare.step(0.01, bare, grads);
         } else {
             let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
-                Mean(loss_fn.forward(m.forward(x), y))
+                Mean(
+                    CrossEntropyLossConfig::new()
+                        .init(&y.device())
+                        .forward(m.forward(x), y),
+                )
             });
             mark(&mut marks, false);
             mark(&mut marks, true);

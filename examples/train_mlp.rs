@@ -39,6 +39,14 @@ impl<B: Backend> Classifier<B> {
         self.output
             .forward(self.activation.forward(self.hidden.forward(points)))
     }
+
+    /// The cross-entropy of a batch of points and their labels.
+    fn loss(&self, (points, labels): (Tensor<B, 2>, Tensor<B, 1, Int>)) -> Tensor<B, 1> {
+        let logits = self.forward(points);
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, labels)
+    }
 }
 
 /// `count` points around four random centres, with their centre's index as label.
@@ -58,7 +66,6 @@ fn train<B: DataParallelBackend>(device: B::Device, replicas: usize) {
     )
     .expect("valid settings");
     let mut optim = AdamConfig::new().init();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let batch_size = 256;
     let started = Instant::now();
 
@@ -68,9 +75,7 @@ fn train<B: DataParallelBackend>(device: B::Device, replicas: usize) {
         points.clone().slice(0..batch_size),
         labels.clone().slice(0..batch_size),
     );
-    let warm = model
-        .warm_up(sample, |model, (x, y)| loss_fn.forward(model.forward(x), y))
-        .expect("warm-up");
+    let warm = model.warm_up(sample, Classifier::loss).expect("warm-up");
     println!(
         "warm-up: {:.2?} (forward {:.2?}, backward {:.2?}), shards {:?}",
         warm.total(),
@@ -87,9 +92,7 @@ fn train<B: DataParallelBackend>(device: B::Device, replicas: usize) {
                 points.clone().slice(range.clone()),
                 labels.clone().slice(range),
             );
-            let Mean(loss) = model.forward_with(input, |model, (x, y)| {
-                Mean(loss_fn.forward(model.forward(x), y))
-            });
+            let Mean(loss) = model.forward_with(input, |model, batch| Mean(model.loss(batch)));
             total += loss.clone().into_scalar().elem::<f64>();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-2, model, grads);

@@ -75,9 +75,9 @@ pub struct DataParallelConfig {
     /// Under the parallel backward, how long the caller's `backward()` waits for the
     /// replicas' backwards, in seconds, before it panics with a message naming each replica
     /// that is not done and where it stands: not yet running on its worker, waiting for its
-    /// autodiff graph (which another backward holds: a tracked tensor captured by the forward
-    /// closure and also used by the caller's loss, see the crate docs, "The parallel
-    /// backward"), or running. `None` waits for ever. Nothing else depends on how long a
+    /// autodiff graph (which another backward holds: a tracked tensor reached through a global
+    /// and also used by the caller's loss, see the crate docs, "The parallel backward"), or
+    /// running. `None` waits for ever. Nothing else depends on how long a
     /// replica takes; raise it where a first backward compiles and tunes kernels for longer
     /// (CubeCL on a fresh cache takes minutes).
     #[config(default = "Some(600)")]

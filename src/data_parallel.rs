@@ -1,5 +1,6 @@
-//! The [`DataParallel`] wrapper: its construction and forward entry points (what it holds
-//! and was built with: `data_parallel/settings.rs`).
+//! The [`DataParallel`] wrapper and its construction; its forward entry points are in
+//! `data_parallel/forwards.rs`, what it holds and was built with in
+//! `data_parallel/settings.rs`.
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -7,15 +8,14 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use crate::backend::ConcatBackend;
 use crate::config::DataParallelConfig;
 use crate::config::Settings;
-use crate::error::{BoxError, DataParallelError};
-use crate::forward::Forward;
-use crate::gather::Gather;
+use crate::error::DataParallelError;
 use crate::replicate::initialize;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
 use crate::step;
 
+mod forwards;
 mod settings;
 
 /// A module whose forward splits the batch over several devices and runs one replica per
@@ -142,135 +142,6 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// holds no tensor, and [`DataParallelError::EmptyBatch`] when its batch is empty.
     pub fn shards<I: Scatter<B>>(&self, input: &I) -> Result<Shards<B>, DataParallelError> {
         step::shards(&self.settings, input)
-    }
-
-    /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
-    ///
-    /// A drop-in for the bare model's forward in a training loop; use
-    /// [`try_forward`](Self::try_forward) to handle failures as values.
-    ///
-    /// # Shapes
-    ///
-    /// Those of `M::forward`, with the batch dimension [`dim`](Self::dim) of the input split
-    /// and that of the output concatenated.
-    ///
-    /// # Panics
-    ///
-    /// With the [`DataParallelError`]'s message where [`try_forward`](Self::try_forward)
-    /// returns it, and as the bare model's forward would on misuse.
-    pub fn forward(&self, input: M::Input) -> M::Output
-    where
-        B: ConcatBackend,
-        M: Forward<B>,
-    {
-        self.try_forward(input)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
-
-    /// Like [`forward`](Self::forward), returning failures as values.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`try_forward_with`](Self::try_forward_with).
-    pub fn try_forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
-    where
-        B: ConcatBackend,
-        M: Forward<B>,
-    {
-        self.try_forward_with(input, Forward::forward)
-    }
-
-    /// Runs `forward(replica, shard)` for every shard of `input` and gathers the outputs.
-    ///
-    /// A single shard runs on the calling thread; several run at the same time, each on its
-    /// device's worker thread. Return [`Mean`](crate::Mean) or [`Sum`](crate::Sum) around a
-    /// per-replica loss to combine it over the whole batch.
-    ///
-    /// Tracked tensors the replicas use must come through `input` (a whole tensor in
-    /// [`Broadcast`](crate::Broadcast)); see [`DataParallelError::CapturedTensor`].
-    ///
-    /// # Shapes
-    ///
-    /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
-    /// that of the output concatenated.
-    ///
-    /// # Panics
-    ///
-    /// With the [`DataParallelError`]'s message where
-    /// [`try_forward_with`](Self::try_forward_with) returns it.
-    pub fn forward_with<I, O, F>(&self, input: I, forward: F) -> O
-    where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
-        F: Fn(&M, I) -> O + Sync,
-    {
-        self.try_forward_with(input, forward)
-            .unwrap_or_else(|error| panic!("{error}"))
-    }
-
-    /// Like [`forward_with`](Self::forward_with), returning failures (a bad input, a
-    /// panicking replica, outputs that do not gather) as values.
-    ///
-    /// # Shapes
-    ///
-    /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
-    /// that of the output concatenated.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`shards`](Self::shards) for a bad input;
-    /// [`DataParallelError::DeviceTransfersUnsupported`] for distinct devices on a backend that
-    /// cannot move tensors between them; [`DataParallelError::SharedRunningStates`] where
-    /// replicas on other devices would move the module's running states unsafely;
-    /// [`DataParallelError::ReplicaPanicked`] when a replica panics (the first replica that
-    /// failed, by position); [`DataParallelError::CapturedTensor`] when a replica's outputs use
-    /// a tracked tensor it did not receive; those of [`Gather::gather`] when the outputs
-    /// disagree. The wrapper stays usable after an error.
-    pub fn try_forward_with<I, O, F>(&self, input: I, forward: F) -> Result<O, DataParallelError>
-    where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
-        F: Fn(&M, I) -> O + Sync,
-    {
-        self.try_forward_fallible(input, |replica, shard| {
-            Ok::<_, std::convert::Infallible>(forward(replica, shard))
-        })
-    }
-
-    /// Runs a forward that can fail, `forward(replica, shard)`, for every shard of `input`
-    /// and gathers the outputs; a replica's error comes back as
-    /// [`DataParallelError::ReplicaFailed`].
-    ///
-    /// # Shapes
-    ///
-    /// Those of `forward`, with the batch dimension [`dim`](Self::dim) of the input split and
-    /// that of the output concatenated.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`try_forward_with`](Self::try_forward_with), and
-    /// [`DataParallelError::ReplicaFailed`] when a replica returns an error.
-    pub fn try_forward_fallible<I, O, E, F>(
-        &self,
-        input: I,
-        forward: F,
-    ) -> Result<O, DataParallelError>
-    where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
-        E: Into<BoxError>,
-        F: Fn(&M, I) -> Result<O, E> + Sync,
-    {
-        step::forward(
-            &self.module,
-            &self.settings,
-            input,
-            forward,
-            self.own_states,
-        )
     }
 }
 

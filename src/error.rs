@@ -88,6 +88,22 @@ pub enum DataParallelError {
         devices: String,
     },
 
+    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) would run
+    /// replicas on devices other than the output device. What its closure captures stays
+    /// where it is, and Burn 0.21 does not check the devices of every operation (a matrix
+    /// product launched on one device with another device's buffer fails the device, or reads
+    /// memory it should not), so the forward is refused before any replica runs.
+    #[error(
+        "forward_with_captures would run replicas on {devices}, but what its closure captures \
+         stays on its own device, and Burn does not check the devices of every operation; \
+         pass tensors in the input (`Broadcast` for a whole tensor) and train a second module \
+         inside the wrapped one (a tuple of modules is a module), then call `forward_with`"
+    )]
+    CapturesAcrossDevices {
+        /// The devices the shards would go to.
+        devices: String,
+    },
+
     /// The output device index is past the end of the device list.
     #[error("output device index {index} is out of range for {len} devices")]
     OutputDeviceIndex {
@@ -195,13 +211,17 @@ pub enum DataParallelError {
     },
 
     /// A replica's outputs were computed from a tracked tensor that the replica did not
-    /// receive through its input (one captured by the forward closure): with the parallel
-    /// backward, its gradient would not reach that tensor.
+    /// receive through its input, nor through a capture of
+    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures): one reached
+    /// through a global (a `static`), or handed over by a hand-written [`Scatter`](crate::Scatter)
+    /// impl that says it scatters every tensor. The parallel backward could not deliver its
+    /// gradient.
     #[error(
         "the outputs of replica {replica} on device {device} use a tracked tensor that the \
-         replica did not receive through its input (a tensor captured by the forward closure), \
-         whose gradient the parallel backward cannot deliver; pass it in the input (wrapped in \
-         `Broadcast` to give every replica the whole tensor) or turn `parallel_backward` off"
+         replica did not receive through its input (one reached through a global, or handed \
+         over whole by a `Scatter` impl), whose gradient the parallel backward cannot deliver; \
+         pass it in the input (wrapped in `Broadcast` to give every replica the whole tensor) \
+         or run the forward with `forward_with_captures`"
     )]
     CapturedTensor {
         /// Position of the replica's device in the device list.

@@ -47,9 +47,9 @@
 //! - Every transfer is in [`backend`]'s `comm` (the way `torch/nn/parallel/comm.py` holds
 //!   `broadcast_coalesced` and `reduce_add_coalesced`), and so is every sum of the replicas'
 //!   gradients under the parallel backward and on the Learner path (`comm/reduce.rs`). Under
-//!   the single backward (`parallel_backward(false)`, and always on `Fusion`) the replicas'
-//!   gradients of a parameter meet in Burn's own autodiff, which adds the gradients that
-//!   reach one node. Splitting and concatenation run this crate's CubeCL kernels:
+//!   the single backward (`DataParallelConfig::new().with_parallel_backward(false)`, always on
+//!   `Fusion`, and on the exact path) the replicas' gradients of a parameter meet in Burn's
+//!   own autodiff, which adds the gradients that reach one node. Splitting and concatenation run this crate's CubeCL kernels:
 //!   one launch for any number of inputs, recorded as custom operations under `Fusion`, with
 //!   custom backward steps under `Autodiff`. Tensors in inputs and outputs therefore need a
 //!   [`ConcatBackend`]; [`DataParallelBackend`] is the bound for generic training code.
@@ -60,10 +60,59 @@
 //! |---|---|---|
 //! | [`DataParallel::forward`] | the model implements [`Forward`]: `dp.forward(x)` where the bare model has `model.forward(x)` | a panic with the error's message |
 //! | [`DataParallel::try_forward`] | the same, handling the error | a [`DataParallelError`] |
-//! | [`DataParallel::forward_with`] | any closure over a replica and its shard: a loss inside the replicas, a model without [`Forward`] | a panic with the error's message |
+//! | [`DataParallel::forward_with`] | a function or closure over a replica and its shard that captures nothing: a loss inside the replicas, a model without [`Forward`] | a panic with the error's message |
 //! | [`DataParallel::try_forward_with`] | the same, handling the error | a [`DataParallelError`] |
-//! | [`DataParallel::try_forward_fallible`] | a closure that can fail itself (`Result<O, E>`) | [`DataParallelError::ReplicaFailed`] holding the `E` |
+//! | [`DataParallel::try_forward_fallible`] | such a function that can fail itself (`Result<O, E>`) | [`DataParallelError::ReplicaFailed`] holding the `E` |
+//! | [`DataParallel::forward_with_captures`], [`try_forward_with_captures`](DataParallel::try_forward_with_captures) | a closure that captures tensors or modules, on one device's replicas: the exact path (one graph, one backward) | as above |
 //! | burn-train's `TrainStep` / `InferenceStep` | the wrapper handed to the `Learner` | a panic (burn-train's steps have no error channel) |
+//!
+//! # Side inputs
+//!
+//! The function [`forward_with`](DataParallel::forward_with) takes captures nothing: a
+//! closure that captures a tensor or a module does not compile, because the wrapper could
+//! not give what it captures its gradient (each replica's backward runs on a graph of its
+//! own). What a replica needs besides the wrapped module comes through the input:
+//!
+//! | side input | how | gradient |
+//! |---|---|---|
+//! | a tensor every replica reads whole (a learnable scale, prototypes) | [`Broadcast`]`(tensor)` | summed over the replicas, as for a parameter |
+//! | a tensor with a row per item (targets, a mask) | a field of the input, split like the batch | rows concatenated |
+//! | a number, a flag, a string, a `Vec` of them | a field of the input, given to every replica | none |
+//! | any other value (a config of your own) | [`Shared`]`(value)`, given to every replica as it is | the exact path (see [`Shared`]) |
+//! | a second trainable module (a head, an embedding) | inside the wrapped module: `(body, head)` is a module | as the model's own parameters |
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::nn::{Linear, LinearConfig};
+//! use burn::tensor::Tensor;
+//! use burn_dataparallel::{Broadcast, DataParallel, Mean};
+//!
+//! type B = Autodiff<Flex>;
+//! let device = Default::default();
+//! let body: Linear<B> = LinearConfig::new(4, 3).init(&device);
+//! let head: Linear<B> = LinearConfig::new(3, 2).init(&device);
+//! // Body and head trained together: the tuple is the wrapped module.
+//! let dp = DataParallel::new((body, head), vec![device; 2]).unwrap();
+//! let temperature = Tensor::<B, 1>::from_floats([2.0], &device).require_grad();
+//! let x = Tensor::<B, 2>::ones([6, 4], &device);
+//! let y = Tensor::<B, 2>::zeros([6, 2], &device);
+//! let Mean(loss) = dp.forward_with(
+//!     (x, y, Broadcast(temperature.clone()), 0.5),
+//!     |(body, head), (x, y, Broadcast(t), weight)| {
+//!         let logits = head.forward(body.forward(x)) / t.unsqueeze();
+//!         Mean((logits - y).powi_scalar(2).mean().mul_scalar(weight))
+//!     },
+//! );
+//! let grads = loss.backward();
+//! assert!(temperature.grad(&grads).is_some());
+//! assert!(dp.module().1.weight.grad(&grads).is_some());
+//! ```
+//!
+//! Where a closure has to capture, [`forward_with_captures`](DataParallel::forward_with_captures)
+//! takes it and gives every tracked tensor it reaches the bare model's gradient: the replicas'
+//! forwards join one graph and the caller's backward runs them all, without the parallel
+//! backward. A value reached through a global (a `static`) is beyond what the types show:
+//! the wrapper refuses what it can see of it ([`DataParallelError::CapturedTensor`]).
 //!
 //! # Semantics
 //!

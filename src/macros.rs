@@ -108,6 +108,10 @@ macro_rules! impl_scatter {
                 })
                 .collect()
         }
+
+        fn scatters_every_tensor(&self) -> bool {
+            true $(&& $crate::Scatter::<$backend>::scatters_every_tensor(&self.$field))+
+        }
     };
 }
 

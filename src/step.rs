@@ -28,13 +28,16 @@ use crate::scatter::{self, Scatter};
 use crate::shards::Shards;
 use crate::ties::{Backward, Ties};
 
-/// Runs `forward` on every shard of `input` through `dp` and gathers the outputs.
+/// Runs `forward` on every shard of `input` through `dp` and gathers the outputs, on the exact
+/// path ([`Backward::CallerOneGraph`]) where `forward` may capture tracked tensors or the
+/// input holds values the scatter cannot see into.
 pub(crate) fn forward<B, M, I, O, E, F>(
     module: &M,
     settings: &Settings<B::Device>,
     input: I,
     forward: F,
     own_states: Option<OwnStates<M>>,
+    captures: bool,
 ) -> Result<O, DataParallelError>
 where
     B: ConcatBackend,
@@ -44,7 +47,23 @@ where
     E: Into<BoxError>,
     F: Fn(&M, I) -> Result<O, E> + Sync,
 {
-    let mut step = Step::new(settings, shards(settings, &input)?, Backward::Caller)?;
+    let backward = match captures || !input.scatters_every_tensor() {
+        true => Backward::CallerOneGraph,
+        false => Backward::Caller,
+    };
+    let shards = shards(settings, &input)?;
+    if captures && !parallel_apply::in_replica() {
+        let devices = shards.devices();
+        if devices
+            .iter()
+            .any(|device| *device != settings.output_device)
+        {
+            return Err(DataParallelError::CapturesAcrossDevices {
+                devices: format!("{devices:?}"),
+            });
+        }
+    }
+    let mut step = Step::new(settings, shards, backward)?;
     let timed = |step: &Step<B>, replica: &M, (shard, input): (usize, I)| {
         step.replica(shard, || forward(replica, input).map_err(Into::into))
     };
@@ -101,6 +120,11 @@ pub(crate) struct Step<B: ConcatBackend> {
     pub(crate) distinct: Vec<B::Device>,
     pub(crate) sink: Option<Arc<Sink>>,
     workers: Option<Arc<Workers>>,
+    /// Whether the replicas' forwards run one at a time ([`Backward::CallerOneGraph`] under
+    /// autodiff): a forward that reaches a tracked tensor of another graph makes Burn merge
+    /// the graphs, and Burn 0.21's graph locator loses nodes that another thread registers
+    /// during a merge.
+    one_at_a_time: bool,
 }
 
 impl<B: ConcatBackend> Step<B> {
@@ -153,11 +177,14 @@ impl<B: ConcatBackend> Step<B> {
             _ => None,
         };
         let ties = Ties::new(backward, shards.len(), graphs);
+        let one_at_a_time =
+            backward == Backward::CallerOneGraph && B::ad_enabled(&settings.output_device);
         Ok(Self {
             shards: shards.with_ties(ties),
             distinct,
             sink,
             workers,
+            one_at_a_time,
         })
     }
 
@@ -248,7 +275,8 @@ impl<B: ConcatBackend> Step<B> {
         Ok((replicas, states))
     }
 
-    /// Runs `forward` on every replica with its input, each on its slot's lane.
+    /// Runs `forward` on every replica with its input, each on its slot's lane (one at a
+    /// time on the exact path).
     pub(crate) fn apply<M, I, O, F>(
         &self,
         replicas: Vec<M>,
@@ -264,6 +292,30 @@ impl<B: ConcatBackend> Step<B> {
         if let Some(graphs) = self.shards.ties().graphs() {
             graphs.begin_forward();
         }
+        if !self.one_at_a_time {
+            return self.run_replicas(replicas, inputs, forward);
+        }
+        let turn = std::sync::Mutex::new(());
+        let one_at_a_time = |m: &M, input: (usize, I)| {
+            let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
+            forward(m, input)
+        };
+        self.run_replicas(replicas, inputs, &one_at_a_time)
+    }
+
+    /// Runs `forward` on every replica with its input, on the lanes where there are.
+    fn run_replicas<M, I, O, F>(
+        &self,
+        replicas: Vec<M>,
+        inputs: Vec<I>,
+        forward: &F,
+    ) -> Vec<Result<O, Failure>>
+    where
+        M: Send,
+        I: Send,
+        O: Send,
+        F: Fn(&M, (usize, I)) -> Result<O, BoxError> + Sync,
+    {
         let inputs = inputs.into_iter().enumerate();
         match &self.workers {
             Some(workers) => {

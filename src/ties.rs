@@ -37,8 +37,13 @@ use crate::backend::{ConcatBackend, ConcatKind, Part, ReplicaGraphs, is_tracked}
 /// Which backward follows a step's forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backward {
-    /// The caller's `backward()` on the gathered output (the own training loop).
+    /// The caller's `backward()` on the gathered output (the own training loop), on
+    /// per-replica graphs where the backend and the settings allow.
     Caller,
+    /// The caller's `backward()` over one graph for every replica, whose forwards run one at
+    /// a time: the exact path, for a forward that may reach tracked tensors the wrapper does
+    /// not hand out (a capturing closure, a value the scatter cannot see into).
+    CallerOneGraph,
     /// Each replica's own training step (burn-train's `TrainStep`, feature `train`).
     #[cfg_attr(not(feature = "train"), allow(dead_code))]
     OwnStep,
@@ -77,11 +82,13 @@ impl<B: ConcatBackend> Ties<B> {
         match (backward, graphs) {
             (Backward::OwnStep, _) => Ties::Independent,
             (Backward::Caller, Some(graphs)) => Ties::Graphs(graphs),
-            (Backward::Caller, None) if replicas > 1 => Ties::Anchored(Arc::new(Anchor {
-                nodes: Mutex::default(),
-                leaves: Mutex::default(),
-            })),
-            (Backward::Caller, None) => Ties::Shared,
+            (Backward::Caller | Backward::CallerOneGraph, _) if replicas > 1 => {
+                Ties::Anchored(Arc::new(Anchor {
+                    nodes: Mutex::default(),
+                    leaves: Mutex::default(),
+                }))
+            }
+            (Backward::Caller | Backward::CallerOneGraph, _) => Ties::Shared,
         }
     }
 }

@@ -111,6 +111,7 @@ where
             item,
             |replica, shard| Ok::<_, std::convert::Infallible>(InferenceStep::step(replica, shard)),
             self.own_states,
+            false,
         )
         .unwrap_or_else(|error| panic!("{error}"));
         settle::<B>(&self.settings);

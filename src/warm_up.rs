@@ -43,8 +43,9 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
     /// reported. The replicas compile at the same time, each on its own worker thread, and
     /// share the kernels of equal shard shapes. The parameters are not changed.
     ///
-    /// `loss` computes a replica's scalar loss from its shard; the losses of all replicas
-    /// are summed for the backward.
+    /// `loss` computes a replica's scalar loss from its shard, capturing nothing (as the
+    /// function [`forward_with`](Self::forward_with) takes); the losses of all replicas are
+    /// summed for the backward.
     ///
     /// # Shapes
     ///
@@ -73,10 +74,15 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
     /// assert_eq!(warm.shard_sizes, vec![16, 16]);
     /// println!("warm-up took {:?}", warm.total());
     /// ```
-    pub fn warm_up<I, F>(&self, sample: I, loss: F) -> Result<WarmUp, DataParallelError>
+    // rustc shows the next line when a capturing closure is passed (`data_parallel/forwards.rs`).
+    #[rustfmt::skip]
+    pub fn warm_up<I>( // no captures: tensors go in the sample (`Broadcast`), else warm up with `forward_with_captures`
+        &self,
+        sample: I,
+        loss: fn(&M, I) -> Tensor<B, 1>,
+    ) -> Result<WarmUp, DataParallelError>
     where
         I: Scatter<B> + Send,
-        F: Fn(&M, I) -> Tensor<B, 1> + Sync,
     {
         let shards = self.shards(&sample)?;
         let mut devices = shards.devices().to_vec();
@@ -92,6 +98,7 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
             sample,
             |replica, shard| Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard))),
             own_states,
+            false,
         )?;
         synchronize::<B>(&devices);
         let forward = start.elapsed();

@@ -30,7 +30,9 @@ pub fn cold<B: DataParallelBackend>(model: &str, sizes: Sizes, replicas: usize, 
     if replicas > 0 {
         let report = dp
             .warm_up((x.clone(), y.clone()), |m, (x, y)| {
-                loss_fn.forward(m.forward(x), y)
+                CrossEntropyLossConfig::new()
+                    .init(&y.device())
+                    .forward(m.forward(x), y)
             })
             .expect("warm-up");
         warm_up = Some(report.total());
@@ -41,7 +43,11 @@ pub fn cold<B: DataParallelBackend>(model: &str, sizes: Sizes, replicas: usize, 
             loss_fn.forward(dp.module().forward(x.clone()), y.clone())
         } else {
             let Mean(loss) = dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
-                Mean(loss_fn.forward(m.forward(x), y))
+                Mean(
+                    CrossEntropyLossConfig::new()
+                        .init(&y.device())
+                        .forward(m.forward(x), y),
+                )
             });
             loss
         };

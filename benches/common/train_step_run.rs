@@ -136,7 +136,11 @@ pub fn run<B: DataParallelBackend>(
             }
             Some(wrapped) => {
                 let Mean(loss) = wrapped.forward_with((x.clone(), y.clone()), |m, (x, y)| {
-                    Mean(loss_fn.forward(m.forward(x), y))
+                    Mean(
+                        CrossEntropyLossConfig::new()
+                            .init(&y.device())
+                            .forward(m.forward(x), y),
+                    )
                 });
                 let used = profiled
                     .then(|| in_use_after::<B>(&device, memory))

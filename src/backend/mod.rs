@@ -30,8 +30,8 @@
 //! `comm/` holds every transfer and gradient sum of the pipeline (broadcast of parameters,
 //! reduce-add of gradients, move-and-split), used by the forward and by both backwards.
 //!
-//! [`concat()`], [`split()`], [`coalesce()`], [`uncoalesce()`] and [`move_split()`] are the
-//! tensor-level entry points.
+//! [`concat()`], [`split()`], [`coalesce()`], [`uncoalesce()`], [`move_split()`] and
+//! [`move_to()`] are the tensor-level entry points.
 //!
 //! # Adding a backend
 //!
@@ -77,7 +77,7 @@ pub use replica_ops::ReplicaOps;
 #[doc(hidden)]
 pub use replica_ops::{Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
 pub(crate) use tensor::is_tracked;
-pub use tensor::{ConcatKind, coalesce, concat, move_split, split, uncoalesce};
+pub use tensor::{ConcatKind, coalesce, concat, move_split, move_to, split, uncoalesce};
 pub use transfer_ops::TransferOps;
 pub(crate) use transfer_ops::host_staged;
 

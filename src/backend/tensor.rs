@@ -358,6 +358,30 @@ pub fn move_split<B: ConcatBackend>(
     }
 }
 
+/// Moves `tensor` to `device` the way the wrapper moves shards and outputs: ordered after the
+/// work queued on both devices, through host memory where the backend has no copies between
+/// the two, and differentiable under `Autodiff` (the gradient goes back to `tensor`'s
+/// device). For a tensor that a replica receives as it is (in a [`Shared`](crate::Shared)
+/// value) and uses on its own device.
+///
+/// # Example
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::backend::move_to;
+///
+/// let device = Default::default();
+/// let scale = Tensor::<Flex, 2>::ones([1, 3], &device);
+/// assert_eq!(move_to(scale, &device).dims(), [1, 3]);
+/// ```
+pub fn move_to<B: ConcatBackend, const D: usize, K: ConcatKind<B>>(
+    tensor: Tensor<B, D, K>,
+    device: &B::Device,
+) -> Tensor<B, D, K> {
+    super::comm::move_to(tensor, device)
+}
+
 /// Whether `tensor` is part of an autodiff graph ([`ReplicaOps::float_is_tracked`]): a
 /// trainable leaf, or a tensor computed from one (a parameter that a model's own `optimize`
 /// clamped, say).

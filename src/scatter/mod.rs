@@ -81,6 +81,22 @@ pub trait Scatter<B: Backend>: Sized {
     fn loss_weight(&self) -> Option<f64> {
         None
     }
+
+    /// Whether every tensor that [`scatter`](Scatter::scatter) hands to the parts goes through
+    /// a `Scatter` of this crate's own (a tensor's split, a [`Broadcast`] copy, a value that
+    /// holds no tensor), which ties it to the caller's autodiff graph.
+    ///
+    /// The forward's fast path (each replica's backward on its own graph, at the same time)
+    /// needs every tracked tensor a replica touches to be tied that way; a value the wrapper
+    /// cannot see into might hand a replica the caller's own tensor, so a forward whose
+    /// input answers `false` runs the exact path instead, as
+    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) does. `false`
+    /// by default; the crate's impls and [`impl_scatter!`](crate::impl_scatter) answer for
+    /// their contents, and a hand-written impl that scatters every field through the
+    /// field's own `Scatter` may answer as its fields do.
+    fn scatters_every_tensor(&self) -> bool {
+        false
+    }
 }
 
 /// Combines the batch sizes of two parts of one input (used by [`impl_scatter!`](crate::impl_scatter)).
@@ -127,6 +143,10 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
             })
             .collect()
     }
+
+    fn scatters_every_tensor(&self) -> bool {
+        true
+    }
 }
 
 impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
@@ -146,6 +166,11 @@ impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
 
     fn loss_weight(&self) -> Option<f64> {
         self.as_ref().and_then(Scatter::<B>::loss_weight)
+    }
+
+    fn scatters_every_tensor(&self) -> bool {
+        self.as_ref()
+            .is_none_or(Scatter::<B>::scatters_every_tensor)
     }
 }
 
@@ -167,6 +192,10 @@ impl<B: Backend, T: Scatter<B>> Scatter<B> for Vec<T> {
         }
         parts
     }
+
+    fn scatters_every_tensor(&self) -> bool {
+        self.iter().all(Scatter::<B>::scatters_every_tensor)
+    }
 }
 
 impl<B: Backend, T: Scatter<B>, const N: usize> Scatter<B> for [T; N] {
@@ -185,6 +214,10 @@ impl<B: Backend, T: Scatter<B>, const N: usize> Scatter<B> for [T; N] {
                 core::array::from_fn(|_| items.next().expect("one piece per item"))
             })
             .collect()
+    }
+
+    fn scatters_every_tensor(&self) -> bool {
+        self.iter().all(Scatter::<B>::scatters_every_tensor)
     }
 }
 
@@ -207,6 +240,10 @@ macro_rules! scatter_tuple {
 
             fn loss_weight(&self) -> Option<f64> {
                 None$(.or_else(|| self.$index.loss_weight()))+
+            }
+
+            fn scatters_every_tensor(&self) -> bool {
+                true $(&& self.$index.scatters_every_tensor())+
             }
         }
     };
@@ -237,6 +274,10 @@ impl<B: Backend, K: Ord + Clone, V: Scatter<B>> Scatter<B> for BTreeMap<K, V> {
         }
         parts
     }
+
+    fn scatters_every_tensor(&self) -> bool {
+        self.values().all(Scatter::<B>::scatters_every_tensor)
+    }
 }
 
 impl<B, K, V, S> Scatter<B> for HashMap<K, V, S>
@@ -263,6 +304,10 @@ where
             }
         }
         parts
+    }
+
+    fn scatters_every_tensor(&self) -> bool {
+        self.values().all(Scatter::<B>::scatters_every_tensor)
     }
 }
 

@@ -12,9 +12,9 @@ use crate::shards::Shards;
 /// lookup table, a set of class prototypes, a learnable value used by every shard's loss.
 ///
 /// Under `Autodiff`, the replicas' gradients of a tracked tensor are summed back into it, as
-/// for a parameter. This is the way for a replica's forward to use a tracked tensor that is
-/// not part of the batch: a tracked tensor captured by the forward closure instead is outside
-/// the replica's graph.
+/// for a parameter. This is how a replica's forward uses a tracked tensor that is not part of
+/// the batch: the forward passed to [`forward_with`](crate::DataParallel::forward_with)
+/// captures nothing, so such a tensor travels in the input.
 ///
 /// # Example
 ///
@@ -58,12 +58,24 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tens
             })
             .collect()
     }
+
+    fn scatters_every_tensor(&self) -> bool {
+        true
+    }
 }
 
 /// A value given unchanged to every replica.
 ///
 /// Wrap any `Clone` value that is not a batch (a config, a lookup table, a flag) so that it can
 /// travel inside a scattered input.
+///
+/// The wrapper cannot see inside a `Shared` value, and one that could own a tensor (a type
+/// with drop glue: a `Vec`, a `String`, a module, a tensor) may hand every replica the
+/// caller's own tracked tensor. A forward whose input holds such a value therefore runs the
+/// exact path of [`forward_with_captures`](crate::DataParallel::forward_with_captures), which
+/// gives every tracked tensor its gradient; plain values (numbers, flags, `Copy` structs) do
+/// not change the path. A tensor every replica reads whole goes faster in [`Broadcast`], and
+/// a `Vec` of numbers or strings is itself a [`Scatter`] value, given to every replica as is.
 ///
 /// # Example
 ///
@@ -87,13 +99,18 @@ fn replicate_value<T: Clone, B: Backend>(value: T, shards: &Shards<B>) -> Vec<T>
     vec![value; shards.len()]
 }
 
-impl<B: Backend, T: Clone> Scatter<B> for Shared<T> {
+impl<B: Backend, T: Clone + 'static> Scatter<B> for Shared<T> {
     fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
         Ok(None)
     }
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
         replicate_value(self, shards)
+    }
+
+    /// A `'static` type without drop glue owns no tensor (a tensor holds reference counts).
+    fn scatters_every_tensor(&self) -> bool {
+        !std::mem::needs_drop::<T>()
     }
 }
 
@@ -107,6 +124,10 @@ macro_rules! scatter_shared {
 
                 fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
                     replicate_value(self, shards)
+                }
+
+                fn scatters_every_tensor(&self) -> bool {
+                    true
                 }
             }
         )+

@@ -121,8 +121,9 @@ fn mean_loss_matches_bare<B: DataParallelBackend>(replicas: usize, batch: usize)
     let model = dp.module().clone();
     let inputs = random::<B, 2>([batch, 8], &device);
     let targets = random::<B, 2>([batch, 4], &device);
-    let loss =
-        |m: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>| (m.forward(x) - y).powi_scalar(2).mean();
+    fn loss<B: DataParallelBackend>(m: &Mlp<B>, x: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+        (m.forward(x) - y).powi_scalar(2).mean()
+    }
 
     let expected = loss(&model, inputs.clone(), targets.clone());
     let Mean(actual) = dp.forward_with((inputs, targets), |m, (x, y)| Mean(loss(m, x, y)));
@@ -246,12 +247,12 @@ fn replicas_run_on_persistent_workers<B: DataParallelBackend>(replicas: usize) {
     let dp = DataParallel::new(model, devices::<B>(replicas)).unwrap();
     let threads = |_: &DataParallel<B, Mlp<B>>| {
         let input = random::<B, 2>([replicas * 2, 8], &device);
-        let ids = std::sync::Mutex::new(Vec::new());
-        dp.forward_with(input, |m, x| {
-            ids.lock().unwrap().push(std::thread::current().id());
+        let token = thread_token();
+        dp.forward_with((input, token), |m, (x, token)| {
+            note_thread(token);
             m.forward(x)
         });
-        let mut ids = ids.into_inner().unwrap();
+        let mut ids = threads_of(token);
         ids.sort_by_key(|id| format!("{id:?}"));
         ids
     };
@@ -273,15 +274,16 @@ fn single_shard_output_is_the_bare_output<B: DataParallelBackend>(replicas: usiz
     let input = random::<B, 2>([1, 8], &device);
     let shards = dp.shards(&input).unwrap();
     assert_eq!(shards.sizes(), &[1]);
-    let caller = std::thread::current().id();
-    let output = dp.forward_with(input.clone(), |m, x| {
-        assert_eq!(
-            std::thread::current().id(),
-            caller,
-            "runs on the calling thread"
-        );
+    let token = thread_token();
+    let output = dp.forward_with((input.clone(), token), |m, (x, token)| {
+        note_thread(token);
         m.forward(x)
     });
+    assert_eq!(
+        threads_of(token),
+        [std::thread::current().id()],
+        "runs on the calling thread"
+    );
     assert_eq!(output.into_data(), model.forward(input).into_data());
     let parts = Gather::gather(vec![Tensor::<B, 1>::ones([3], &device)], &shards).unwrap();
     assert_eq!(values(parts), vec![1.0; 3]);

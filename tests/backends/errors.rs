@@ -21,7 +21,7 @@ fn model<B: DataParallelBackend>(replicas: usize) -> DataParallel<B, Mlp<B>> {
 fn attempt<B, M, I, O>(
     dp: &DataParallel<B, M>,
     input: I,
-    forward: impl Fn(&M, I) -> O + Sync,
+    forward: fn(&M, I) -> O,
 ) -> Result<O, DataParallelError>
 where
     B: AutodiffBackend + burn_dataparallel::ConcatBackend,
@@ -29,7 +29,7 @@ where
     I: Scatter<B> + Send,
     O: Gather<B> + Send,
 {
-    dp.try_forward_with(input, |m, x| forward(m, x))
+    dp.try_forward_with(input, forward)
 }
 
 fn configuration_errors<B: DataParallelBackend>() {

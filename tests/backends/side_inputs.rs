@@ -6,7 +6,7 @@
 
 use crate::common::*;
 use burn::tensor::Tensor;
-use burn_dataparallel::{DataParallelBackend, DataParallelConfig};
+use burn_dataparallel::{DataParallelBackend, DataParallelConfig, Shared};
 
 /// What the forward does with its side inputs.
 #[derive(Clone, Copy, Debug)]
@@ -65,7 +65,9 @@ fn side_inputs_case<B: DataParallelBackend>(
     );
     let expected_out = forward(&bare, input.clone(), side);
     let actual_out = match by_hand {
-        false => dp.forward_with(input.clone(), move |m, input| forward(m, input, side)),
+        false => dp.forward_with((input.clone(), Shared(side)), |m, (input, Shared(side))| {
+            forward(m, input, side)
+        }),
         true => {
             let (x, u, f, k) = input.clone();
             let shards = [(0, 3), (3, 5), (5, 7)].map(|(a, b)| {

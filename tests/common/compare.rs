@@ -232,14 +232,14 @@ pub fn assert_matches_bare<B, M, I, const D: usize>(
     dp: &DataParallel<B, M>,
     bare: &M,
     input: I,
-    forward: impl Fn(&M, I) -> Tensor<B, D> + Sync,
+    forward: fn(&M, I) -> Tensor<B, D>,
 ) where
     B: DataParallelBackend,
     M: Module<B>,
     I: Scatter<B> + Send + Clone,
 {
     let expected = forward(bare, input.clone());
-    let actual = dp.forward_with(input, &forward);
+    let actual = dp.forward_with(input, forward);
     assert_eq!(actual.dims(), expected.dims(), "output shape");
     assert_output_and_grads_close(dp.module(), actual, bare, expected);
 }

@@ -143,3 +143,30 @@ pub fn probe<B: Backend, const D: usize>(like: &Tensor<B, D>) -> Tensor<B, D> {
         .sin()
         .reshape(shape)
 }
+
+/// Where forwards note the threads they ran on: the forwards capture nothing, so each call
+/// passes a token of its own ([`thread_token`]) in its input (tests run at the same time in
+/// one process).
+static THREADS: std::sync::Mutex<Vec<(u64, std::thread::ThreadId)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A token no other call of this process has.
+pub fn thread_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes that a forward of call `token` ran on this thread.
+pub fn note_thread(token: u64) {
+    let mut threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    threads.push((token, std::thread::current().id()));
+}
+
+/// The threads call `token`'s forwards ran on, in the order noted.
+pub fn threads_of(token: u64) -> Vec<std::thread::ThreadId> {
+    let threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    (threads.iter())
+        .filter(|(t, _)| *t == token)
+        .map(|(_, id)| *id)
+        .collect()
+}

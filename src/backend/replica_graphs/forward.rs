@@ -56,13 +56,11 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         if let Some(hub) = &state.hub {
             return hub.clone();
         }
-        // A leaf is held by its own backward step and by the reference kept here; any other
-        // holder is a step of the replica's forward that used it (or an output that is it).
         let mut used = vec![false; state.targets.len()];
         for replica in &mut state.replicas {
             for leaf in &mut replica.leaves {
                 if let Some(tensor) = leaf.tensor.take() {
-                    leaf.used = Arc::strong_count(&tensor.node) > 2;
+                    leaf.used = used_by_forward(tensor);
                     used[leaf.target] |= leaf.used;
                 }
             }
@@ -94,6 +92,21 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
         state.hub = Some(hub.clone());
         hub
     }
+}
+
+/// Whether a replica's forward used `leaf` (the reference [`Graphs::leaf`] kept, taken once
+/// the replicas' forwards have returned): the one decision of the parallel backward read off
+/// Burn's autodiff internals, since Burn 0.21's public API does not list a node's children.
+///
+/// It relies on how Burn 0.21 holds graph nodes (`burn-autodiff` `ops/base.rs`,
+/// `runtime/server.rs`): a node (`NodeRef`, an `Arc`) is held by each tensor that is it, by
+/// the backward step registered for it, and by the step of every tracked operation that
+/// takes it as a parent, for as long as the graph keeps that step. Once the replica's own
+/// copies are dropped, a leaf is held by its step and by `leaf`: any third holder is an
+/// operation of the forward that used it, or an output that is it. The test
+/// `leaf_use_is_read_off_the_node_count` below fails if Burn changes that.
+fn used_by_forward<B: ConcatBackend>(leaf: Tracked<B>) -> bool {
+    Arc::strong_count(&leaf.node) > 2
 }
 
 impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for Graphs<B, C> {
@@ -197,5 +210,79 @@ impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaGraphs<Autodiff<B, C>> for 
             Some(replica) => Err(replica),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use burn::backend::Flex;
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::ops::FloatTensorOps;
+    use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
+
+    use super::super::super::comm::ReduceBucket;
+    use super::super::super::{Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
+    use super::Graphs;
+
+    type A = Autodiff<Flex>;
+
+    struct NoRuntime;
+
+    impl ReplicaRuntime for NoRuntime {
+        fn spawn(&self, _: usize, job: Box<dyn FnOnce() + Send>) {
+            job();
+        }
+        fn profiling(&self) -> bool {
+            false
+        }
+        fn record_backward(&self, _: usize, _: Duration) {}
+        fn record_transfer(&self, _: u64, _: Duration) {}
+        fn record_hub(&self, _: Duration, _: Duration) {}
+        fn record_bucket(&self, _: ReduceBucket) {}
+    }
+
+    /// The Burn 0.21 behaviour `used_by_forward` relies on: after the forward, a leaf that an
+    /// operation took as a parent has a third holder, and one that was only read without
+    /// tracking (detached, compared) or not at all has two, whether the operation's output is
+    /// still alive or not.
+    #[test]
+    fn leaf_use_is_read_off_the_node_count() {
+        let device = Default::default();
+        let graphs = Graphs::<Flex, NoCheckpointing>::new(ReplicaSetup {
+            replicas: vec![(0, device)],
+            runtime: Arc::new(NoRuntime),
+            reduce_bucket_size: None,
+            backward_timeout: None,
+        });
+        let target = <A as AutodiffBackend>::from_inner(Flex::float_zeros(
+            [2, 3].into(),
+            &device,
+            FloatDType::F32,
+        ))
+        .require_grad();
+        let leaves: Vec<_> = (0..5)
+            .map(|_| graphs.leaf(0, target.clone(), &target, Part::Whole))
+            .collect();
+        graphs.begin_forward();
+        let [unused, detached, compared, kept, dropped] = <[_; 5]>::try_from(leaves).unwrap();
+        let _ = A::float_detach(detached);
+        let compared = Tensor::<A, 2>::from_primitive(TensorPrimitive::Float(compared));
+        let _ = compared.greater_elem(0.0);
+        let output = A::float_mul_scalar(kept, 2.0f32.into());
+        drop(A::float_exp(dropped));
+        drop(unused);
+        let _ = graphs.output(0, output);
+        let state = graphs.lock();
+        let used: Vec<bool> = state.replicas[0].leaves.iter().map(|l| l.used).collect();
+        assert_eq!(
+            used,
+            [false, false, false, true, true],
+            "which leaves count as used"
+        );
     }
 }

@@ -170,14 +170,14 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
                 Status::Entered => format!(
                     "its backward has waited {waited} s for its autodiff graph, which another \
                      backward holds: the replica's forward used a tracked tensor that it did \
-                     not receive through its input (a tensor captured by the forward closure), \
-                     and the caller's graph uses it too. Pass such tensors in the input \
-                     (`Broadcast` for a whole tensor) or turn `parallel_backward` off"
+                     not receive through its input (one reached through a global), and the \
+                     caller's graph uses it too. Pass such tensors in the input (`Broadcast` \
+                     for a whole tensor) or use `forward_with_captures`"
                 ),
                 Status::Started => format!(
                     "its backward has run for {waited} s without finishing (a kernel that does \
                      not return, an operation of the model that waits for ever, or a tracked \
-                     tensor captured by the forward closure, whose graph Burn merged with the \
+                     tensor reached through a global, whose graph Burn merged with the \
                      replica's)"
                 ),
                 _ => continue,

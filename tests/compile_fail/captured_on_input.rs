@@ -1,0 +1,16 @@
+// A tracked tensor captured by the forward closure and used on the replica's input.
+use burn::backend::{Autodiff, Flex};
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn_dataparallel::DataParallel;
+
+type B = Autodiff<Flex>;
+
+fn main() {
+    let device = Default::default();
+    let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
+    let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+    let scale = Tensor::<B, 2>::ones([1, 4], &device).require_grad();
+    let x = Tensor::<B, 2>::ones([6, 4], &device);
+    let _y = dp.forward_with(x, |m, x| m.forward(x * scale.clone()));
+}

@@ -1,0 +1,16 @@
+// A tracked tensor captured by a fallible forward closure and used on the replica's output.
+use burn::backend::{Autodiff, Flex};
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn_dataparallel::DataParallel;
+
+type B = Autodiff<Flex>;
+
+fn main() {
+    let device = Default::default();
+    let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
+    let dp = DataParallel::new(model, vec![device; 2]).unwrap();
+    let scale = Tensor::<B, 2>::ones([1, 3], &device).require_grad();
+    let x = Tensor::<B, 2>::ones([6, 4], &device);
+    let _y = dp.try_forward_fallible(x, |m, x| Ok::<_, String>(m.forward(x) * scale.clone()));
+}
