@@ -200,6 +200,27 @@ pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{LossReduction, Shards, shard_sizes};
 pub use warm_up::WarmUp;
 
+/// `CubeBackend` on CUDA, without fusion: the backend for several CUDA GPUs, whose replicas'
+/// backwards run at the same time. `Autodiff<CubeCuda>` trains; devices are
+/// [`CudaDevice`]`{ index }`, numbered as `nvidia-smi` does.
+#[cfg(feature = "cuda")]
+pub type CubeCuda<F = f32, I = i32> = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, F, I, u8>;
+
+/// A CUDA GPU, by its index (`CudaDevice { index: 0 }`).
+#[cfg(feature = "cuda")]
+pub use cubecl::cuda::CudaDevice;
+
+/// `CubeBackend` on wgpu (Vulkan, Metal, DX12), without fusion: GPUs without CUDA, tensors
+/// between them moved through host memory. Devices are [`WgpuDevice`]s
+/// (`WgpuDevice::DiscreteGpu(0)`).
+#[cfg(feature = "wgpu")]
+pub type CubeWgpu<F = f32, I = i32> =
+    burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, F, I, u32>;
+
+/// A wgpu device (`WgpuDevice::DiscreteGpu(0)`, `WgpuDevice::DefaultDevice`).
+#[cfg(feature = "wgpu")]
+pub use cubecl::wgpu::WgpuDevice;
+
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -62,7 +62,7 @@ mod concat_ops;
 mod cpu;
 #[cfg(feature = "cubecl")]
 mod cubecl;
-#[cfg(feature = "cubecl")]
+#[cfg(feature = "fusion")]
 mod fusion;
 mod replica_graphs;
 mod replica_ops;
