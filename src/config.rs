@@ -1,15 +1,15 @@
 //! Serialisable settings of a [`DataParallel`](crate::DataParallel), and the settings every
 //! copy of a wrapper carries.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::config::Config;
 
+use crate::balance::{AdaptiveShardsConfig, Balancer, SharedBalancer};
 use crate::error::DataParallelError;
 use crate::parallel_apply::Workers;
 use crate::profile::Profiler;
-use crate::shards::LossReduction;
 
 /// Settings of a [`DataParallel`](crate::DataParallel), in Burn's `Config` style; devices are given to
 /// [`init`](Self::init).
@@ -42,6 +42,13 @@ pub struct DataParallelConfig {
     /// Relative share of every batch for each device (positive, one per device); even shards
     /// when `None`.
     pub shard_weights: Option<Vec<f64>>,
+    /// Shards that balance themselves: from each replica's measured time over the last
+    /// steps, the split moves toward shards that finish together (starting from
+    /// [`shard_weights`](Self::shard_weights)), as [`AdaptiveShardsConfig`] says. Off by
+    /// default: measuring waits for each replica's device at the end of its forward and its
+    /// backward, which costs a launch-bound step the overlap of its launches with the device's
+    /// work. For devices of unequal speed, or an output device with more to do than the rest.
+    pub adaptive_shards: Option<AdaptiveShardsConfig>,
     /// Largest coalesced parameter transfer to a replica on another device, in bytes (25 MiB
     /// by default), and largest bucket of the overlapped gradient reduce
     /// ([`overlap_reduce`](Self::overlap_reduce)). Zero moves every parameter on its own.
@@ -53,33 +60,24 @@ pub struct DataParallelConfig {
     #[config(default = false)]
     pub profile: bool,
     /// Under `Autodiff`, whether each replica's backward runs on its own worker thread, at the
-    /// same time as the others (see the crate docs, "The pipeline"), on backends that allow it
+    /// same time as the others, on backends that allow it
     /// ([`ReplicaOps::concurrent_backward`](crate::ReplicaOps::concurrent_backward): not
-    /// `Fusion`, so on CUDA use `CubeBackend` to get it). Off: Burn runs the backward of every
-    /// replica on the calling thread, one graph for all.
+    /// `Fusion`). Off: Burn runs every replica's backward on the calling thread, one graph for
+    /// all. See the crate docs, *The parallel backward*.
     #[config(default = true)]
     pub parallel_backward: bool,
     /// Under the parallel backward, whether the replicas' parameter gradients are reduced in
-    /// buckets of at most [`bucket_size`](Self::bucket_size) bytes as soon as every replica
-    /// has produced its part of a bucket, while the replicas' backward goes on (the way DDP's
-    /// bucketed all-reduce overlaps the backward), rather than all at once after the last
-    /// replica's backward. The sums are the same, bit for bit; buckets run from the last
-    /// parameter back, the order a backward reaches them. Each bucket's start and end are in
-    /// [`StepProfile::reduce_buckets`](crate::StepProfile::reduce_buckets).
-    ///
-    /// Off by default: with replicas sharing one H200 it made ResNet-18's four-replica step
-    /// 10 % slower (two replicas: within the spread), and it has not been measured on several
-    /// GPUs yet (`benches/RESULTS.md`, 2026-12-01, `081a4b9`).
+    /// buckets of at most [`bucket_size`](Self::bucket_size) bytes while the replicas'
+    /// backwards still run (the way DDP's bucketed all-reduce overlaps the backward), rather
+    /// than after the last one; the sums are the same, bit for bit. Off by default: it has not
+    /// paid on one GPU, and is not measured on several yet (see the crate's benchmark
+    /// results).
     #[config(default = false)]
     pub overlap_reduce: bool,
     /// Under the parallel backward, how long the caller's `backward()` waits for the
-    /// replicas' backwards, in seconds, before it panics with a message naming each replica
-    /// that is not done and where it stands: not yet running on its worker, waiting for its
-    /// autodiff graph (which another backward holds: a tracked tensor reached through a global
-    /// and also used by the caller's loss, see the crate docs, "The parallel backward"), or
-    /// running. `None` waits for ever. Nothing else depends on how long a
-    /// replica takes; raise it where a first backward compiles and tunes kernels for longer
-    /// (CubeCL on a fresh cache takes minutes).
+    /// replicas' backwards, in seconds, before it panics with a message saying where each
+    /// replica that is not done stands. `None` waits for ever. Nothing else depends on how
+    /// long a replica takes; raise it where a first backward compiles kernels for longer.
     #[config(default = "Some(600)")]
     pub backward_timeout_secs: Option<u64>,
     /// How the model's own `TrainStep` reduces its loss over the batch, under burn-train's
@@ -88,27 +86,18 @@ pub struct DataParallelConfig {
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
     /// Under burn-train's `Learner`, whether the wrapper's `TrainStep::step` and
-    /// `InferenceStep::step` wait for the output device before they hand back their item
-    /// (`Backend::sync`), so that burn-train's metric thread reads finished values.
-    ///
-    /// On by default: burn-train 0.21 reads every step's item on a thread of its own, and
-    /// with CubeCL 0.10 on CUDA that thread's stream waits for the step's stream only up to
-    /// the point where it last waited, if the item's buffers were allocated before it: a
-    /// write queued to such a buffer after that point may not have run when it is read, and
-    /// the step's logged loss or accuracy is wrong (the parameters are not: it is only what
-    /// the metrics read). The crate's `examples/cross_stream/` (`late`) reproduces it on
-    /// `CubeBackend` alone; the bare Learner has the same fault. The wait costs the overlap
-    /// of a step's device work with the next step's launches: on one H200, two replicas of a
-    /// launch-bound MLP took 3.02 ms a step with it and 2.27 ms without (`benches/RESULTS.md`,
-    /// 2026-12-03). Off: the wrapper's items are handed back as the bare model's are, and a
-    /// logged metric may be wrong now and then (never the parameters).
+    /// `InferenceStep::step` wait for the output device before they hand back their item, so
+    /// that burn-train's metric thread, which reads it on a CubeCL stream of its own, reads
+    /// finished values (CubeCL 0.10 does not always make that stream wait). On by default;
+    /// it costs the overlap of a step's device work with the next step's launches. Off: a
+    /// logged metric may be wrong now and then, never the parameters. See the crate docs'
+    /// Learner chapter.
     #[config(default = true)]
     pub sync_learner_steps: bool,
-    /// Allows Burn 0.21's `Fusion` in f16 (`burn_cuda::Cuda<f16>`), which computes wrong
-    /// outputs when several forwards of different row counts are queued before one is read,
-    /// as replicas do: off by default, so that such a wrapper is refused with
-    /// [`DataParallelError::FusionHalfPrecision`] rather than train on wrong values. Use
-    /// `CubeBackend<CudaRuntime, f16>` (no fusion) or f32 instead.
+    /// Allows Burn 0.21's `Fusion` in f16, which computes wrong outputs when several forwards
+    /// of different row counts are queued, as replicas do: off by default, so that such a
+    /// wrapper is refused with [`DataParallelError::FusionHalfPrecision`]. Use
+    /// `CubeCuda<f16>` (feature `cuda`, no fusion) or f32 instead.
     #[config(default = false)]
     pub allow_fusion_f16: bool,
 }
@@ -121,6 +110,8 @@ pub(crate) struct Settings<D> {
     pub(crate) output_device: D,
     pub(crate) dim: usize,
     pub(crate) shard_weights: Option<Vec<f64>>,
+    /// The adaptive split, when on (shared by the wrapper's clones).
+    pub(crate) balancer: Option<SharedBalancer>,
     pub(crate) bucket_size: usize,
     pub(crate) parallel_backward: bool,
     pub(crate) overlap_reduce: bool,
@@ -153,8 +144,17 @@ impl<D: Clone + PartialEq> Settings<D> {
             },
         )?;
         if let Some(weights) = &config.shard_weights {
-            crate::shards::check_weights(weights, devices.len())?;
+            check_weights(weights, devices.len())?;
         }
+        let balancer = match &config.adaptive_shards {
+            Some(adaptive) => {
+                adaptive.check()?;
+                let weights = config.shard_weights.as_deref();
+                let balancer = Balancer::new(adaptive.clone(), devices.len(), weights);
+                Some(Arc::new(Mutex::new(balancer)))
+            }
+            None => None,
+        };
         let workers = match devices.len() {
             1 => None,
             slots => Some(Arc::new(Workers::new(slots)?)),
@@ -166,6 +166,7 @@ impl<D: Clone + PartialEq> Settings<D> {
             output_device,
             dim: config.dim,
             shard_weights: config.shard_weights.clone(),
+            balancer,
             bucket_size: config.bucket_size,
             parallel_backward: config.parallel_backward,
             overlap_reduce: config.overlap_reduce,
@@ -175,5 +176,63 @@ impl<D: Clone + PartialEq> Settings<D> {
             workers,
             profiler,
         })
+    }
+}
+
+/// Validates shard weights against the device count.
+pub(crate) fn check_weights(weights: &[f64], devices: usize) -> Result<(), DataParallelError> {
+    if weights.len() != devices {
+        return Err(DataParallelError::ShardWeightsLength {
+            expected: devices,
+            found: weights.len(),
+        });
+    }
+    match weights.iter().position(|w| !(w.is_finite() && *w > 0.0)) {
+        Some(index) => Err(DataParallelError::InvalidShardWeight {
+            index,
+            weight: weights[index],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// How a model's own training step reduces its loss over the batch, which says how the
+/// wrapper combines the replicas' gradients under burn-train's `Learner`
+/// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum LossReduction {
+    /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
+    /// are weighted by its share of the batch, `n_i / N`, and summed, which gives the
+    /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
+    /// same way, so it counts once, as in the bare model. A mean normalised by something
+    /// other than rows (class weights, masked tokens) needs the batch to state each part's
+    /// weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight)); the shares are then
+    /// those weights over their sum.
+    Mean,
+    /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
+    /// added to the loss that does not grow with the batch then counts once per replica.
+    Sum,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_are_checked() {
+        assert!(check_weights(&[1.0, 2.0], 2).is_ok());
+        assert!(matches!(
+            check_weights(&[1.0], 2),
+            Err(DataParallelError::ShardWeightsLength {
+                expected: 2,
+                found: 1
+            })
+        ));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                check_weights(&[1.0, bad], 2),
+                Err(DataParallelError::InvalidShardWeight { index: 1, .. })
+            ));
+        }
     }
 }

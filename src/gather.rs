@@ -6,6 +6,7 @@ use std::hash::{BuildHasher, Hash};
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::backend::{ConcatBackend, ConcatKind, comm};
+use crate::backward::ties;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
 
@@ -101,11 +102,12 @@ fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
     outputs: Vec<Tensor<B, D, K>>,
     shards: &Shards<B>,
 ) -> Vec<Tensor<B, D, K>> {
+    let ties = ties::current::<B>();
     outputs
         .into_iter()
         .enumerate()
         .map(|(replica, tensor)| {
-            let tensor = shards.ties().output(tensor, replica);
+            let tensor = ties.output(tensor, replica);
             comm::move_to(tensor, shards.output_device())
         })
         .collect()

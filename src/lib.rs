@@ -166,6 +166,8 @@
 #![doc = include_str!("docs/outgrowing.md")]
 
 pub mod backend;
+mod backward;
+mod balance;
 mod config;
 mod data_parallel;
 mod error;
@@ -182,14 +184,14 @@ mod running_states;
 mod scatter;
 mod shards;
 mod step;
-mod ties;
 #[cfg(feature = "train")]
 mod train;
 mod warm_up;
 
 pub use backend::comm::ReduceBucket;
 pub use backend::{ConcatBackend, ConcatOps, DataParallelBackend, ReplicaOps, TransferOps};
-pub use config::DataParallelConfig;
+pub use balance::AdaptiveShardsConfig;
+pub use config::{DataParallelConfig, LossReduction};
 pub use data_parallel::DataParallel;
 pub use error::{BoxError, DataParallelError};
 pub use forward::Forward;
@@ -197,7 +199,7 @@ pub use gather::{Gather, Mean, Sum};
 pub use profile::{StepProfile, bytes_moved};
 pub use replicate::{DEFAULT_BUCKET_SIZE, replicate, replicate_with_buckets};
 pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
-pub use shards::{LossReduction, Shards, shard_sizes};
+pub use shards::{Shards, shard_sizes};
 pub use warm_up::WarmUp;
 
 /// `CubeBackend` on CUDA, without fusion: the backend for several CUDA GPUs, whose replicas'

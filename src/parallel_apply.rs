@@ -7,19 +7,11 @@
 //! on the same OS thread.
 //!
 //! Every job runs on the CubeCL stream of the thread that hands it over
-//! ([`StreamId::executes`], the mechanism Burn's `Fusion` uses for its own queues): a
-//! replica's forward on the stream of the thread that called the wrapper's forward, its
-//! backward on the stream of the thread running the caller's backward. The lanes are separate
-//! threads only for Burn's per-thread state, never separate streams. CubeCL 0.10 gives each
-//! thread its own stream, with a memory pool of its own, and protects memory that one stream
-//! reads from another only for the launch that first waits on the other stream: a later
-//! launch reading the same buffer is not protected, so the owning stream can reuse the memory
-//! once the last handle is dropped while that launch is still queued, and the launch reads
-//! whatever was written there since. On CUDA this gave a few wrong gradient elements in some
-//! steps, or a launch error. One stream per device for all of a step's work leaves nothing to
-//! protect. Replicas sharing one device lose no overlap by it: CubeCL 0.10 runs a device's
-//! launches on one thread anyway; replicas on distinct devices still run at the same time,
-//! each device's stream being its own.
+//! ([`StreamId::executes`], as Burn's `Fusion` does for its queues): the lanes are separate
+//! threads for Burn's per-thread state, never separate streams, because CubeCL 0.10 does not
+//! protect memory one stream reads from another in every case (the journal of 2026-12-02 in
+//! `benches/journal/` has the measurements). Replicas on distinct devices still run at the
+//! same time, each device's stream being its own.
 //!
 //! A replica's backward ends with Burn's graph cleanup, which waits for every autodiff graph,
 //! the caller's included; while the caller's backward goes on, the lane that ran it stays
@@ -40,6 +32,7 @@ use burn::tensor::StreamId;
 
 use crate::backend::ReplicaRuntime;
 use crate::backend::comm::ReduceBucket;
+use crate::balance::Measured;
 use crate::error::{BoxError, DataParallelError};
 use crate::profile::Sink;
 
@@ -307,6 +300,8 @@ where
 pub(crate) struct Runtime {
     pub(crate) workers: Arc<Workers>,
     pub(crate) sink: Option<Arc<Sink>>,
+    /// The replicas' times, for the adaptive split.
+    pub(crate) measured: Option<Arc<Measured>>,
 }
 
 impl ReplicaRuntime for Runtime {
@@ -318,9 +313,16 @@ impl ReplicaRuntime for Runtime {
         self.sink.is_some()
     }
 
+    fn times_backwards(&self) -> bool {
+        self.sink.is_some() || self.measured.is_some()
+    }
+
     fn record_backward(&self, replica: usize, elapsed: Duration) {
         if let Some(sink) = &self.sink {
             sink.replica_backward(replica, elapsed);
+        }
+        if let Some(measured) = &self.measured {
+            measured.add(replica, elapsed);
         }
     }
 

@@ -59,6 +59,10 @@ pub struct StepProfile {
     pub running_states: Duration,
     /// Moving the outputs to the output device and concatenating them.
     pub gather: Duration,
+    /// Under burn-train's `Learner`: weighting the replicas' gradients of their own training
+    /// steps and summing them on the parameters' devices (zero for the hand-written loop,
+    /// whose gradients are summed in the backward).
+    pub combine: Duration,
     /// Each replica's backward, by shard, when the replicas' backward runs in parallel
     /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward)):
     /// from the start of the replicas' backward to the replica's device having run it.
@@ -175,7 +179,8 @@ impl std::fmt::Display for StepProfile {
         write!(
             f,
             "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, running states {:.3} ms, \
-             gather {:.3} ms, {backward}{buckets}backward wait {:.3} ms, backward reduce {:.3} ms, \
+             gather {:.3} ms, combine {:.3} ms, {backward}{buckets}backward wait {:.3} ms, \
+             backward reduce {:.3} ms, \
              backward transfers {:.3} ms; moved {} B scattered, {} B \
              broadcast in {} transfers, {} B of running states, {} B gathered, {} B reduced in \
              {} transfers",
@@ -184,6 +189,7 @@ impl std::fmt::Display for StepProfile {
             list(&self.forward),
             ms(self.running_states),
             ms(self.gather),
+            ms(self.combine),
             ms(self.backward_wait),
             ms(self.backward_reduce),
             ms(self.backward_transfers),
@@ -242,6 +248,11 @@ impl Sink {
         self.profile.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Replica `shard`'s forward took `elapsed`, up to its device having run it.
+    pub(crate) fn replica_forward(&self, shard: usize, elapsed: Duration) {
+        self.lock().forward[shard] = elapsed;
+    }
+
     /// Replica `shard`'s backward took `elapsed`, from the start of the replicas' backward to
     /// its device having run it.
     pub(crate) fn replica_backward(&self, shard: usize, elapsed: Duration) {
@@ -268,6 +279,8 @@ pub(crate) enum Stage {
     Replicate,
     RunningStates,
     Gather,
+    /// The replicas' own training steps' gradients summed (the Learner's path).
+    Combine,
 }
 
 /// Counts a stage's transfers into the step's profile.
@@ -287,6 +300,10 @@ impl TransferLog for StageLog {
             }
             Stage::RunningStates => profile.bytes_running_states += bytes,
             Stage::Gather => profile.bytes_gathered += bytes,
+            Stage::Combine => {
+                profile.bytes_reduced += bytes;
+                profile.reduce_transfers += 1;
+            }
         }
     }
 
@@ -331,22 +348,7 @@ pub(crate) fn stage<B: Backend, T>(
         Stage::Replicate => profile.replicate += elapsed,
         Stage::RunningStates => profile.running_states += elapsed,
         Stage::Gather => profile.gather += elapsed,
+        Stage::Combine => profile.combine += elapsed,
     }
-    output
-}
-
-/// Runs replica `shard`'s forward `f`, recording its duration up to `device` being
-/// synchronised.
-pub(crate) fn replica<B: Backend, T>(
-    sink: Option<&Arc<Sink>>,
-    shard: usize,
-    device: &B::Device,
-    f: impl FnOnce() -> T,
-) -> T {
-    let Some(sink) = sink else { return f() };
-    let start = Instant::now();
-    let output = f();
-    synchronize::<B>(std::slice::from_ref(device));
-    sink.lock().forward[shard] = start.elapsed();
     output
 }

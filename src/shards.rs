@@ -1,30 +1,11 @@
 //! How a batch is divided among the replicas.
 
-use burn::config::Config;
 use burn::tensor::backend::Backend;
 
-use crate::error::DataParallelError;
-use crate::ties::Ties;
+use crate::config::LossReduction;
 
-/// How a model's own training step reduces its loss over the batch, which says how the
-/// wrapper combines the replicas' gradients under burn-train's `Learner`
-/// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum LossReduction {
-    /// The loss is a mean over the batch (Burn's losses by default): each replica's gradients
-    /// are weighted by its share of the batch, `n_i / N`, and summed, which gives the
-    /// whole-batch gradient; a penalty or auxiliary term added to the loss is weighted the
-    /// same way, so it counts once, as in the bare model. A mean normalised by something
-    /// other than rows (class weights, masked tokens) needs the batch to state each part's
-    /// weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight)); the shares are then
-    /// those weights over their sum.
-    Mean,
-    /// The loss is a sum over the batch: the replicas' gradients are summed unweighted. A term
-    /// added to the loss that does not grow with the batch then counts once per replica.
-    Sum,
-}
-
-/// The shards of one forward: which replicas run, on which devices, with how many items each.
+/// The split plan of one forward: which replicas run, on which devices, with how many items
+/// each, and how their losses combine.
 ///
 /// Built by [`DataParallel`](crate::DataParallel) before every forward and handed to
 /// [`Scatter::scatter`](crate::Scatter::scatter) and [`Gather::gather`](crate::Gather::gather).
@@ -36,8 +17,6 @@ pub struct Shards<B: Backend> {
     sizes: Vec<usize>,
     devices: Vec<B::Device>,
     output_device: B::Device,
-    /// How the replicas are tied to the caller's autodiff graph.
-    ties: Ties<B>,
     /// How the losses of burn-train's output types combine.
     loss_reduction: LossReduction,
     /// The shares the scattered parts stated
@@ -59,7 +38,17 @@ impl<B: Backend> Shards<B> {
         dim: usize,
         output_device: B::Device,
     ) -> Self {
-        let all_sizes = shard_sizes(batch_size, devices.len(), weights);
+        let sizes = shard_sizes(batch_size, devices.len(), weights);
+        Self::from_sizes(&sizes, devices, dim, output_device)
+    }
+
+    /// Shards of `all_sizes` items, one entry per device (zero for a device left out).
+    pub(crate) fn from_sizes(
+        all_sizes: &[usize],
+        devices: &[B::Device],
+        dim: usize,
+        output_device: B::Device,
+    ) -> Self {
         let replicas: Vec<usize> = (0..devices.len()).filter(|&i| all_sizes[i] > 0).collect();
         Self {
             dim,
@@ -67,7 +56,6 @@ impl<B: Backend> Shards<B> {
             devices: replicas.iter().map(|&i| devices[i].clone()).collect(),
             replicas,
             output_device,
-            ties: Ties::Shared,
             loss_reduction: LossReduction::Mean,
             stated_shares: None,
         }
@@ -86,16 +74,6 @@ impl<B: Backend> Shards<B> {
     /// ([`DataParallelConfig::loss_reduction`](crate::DataParallelConfig::loss_reduction)).
     pub fn loss_reduction(&self) -> LossReduction {
         self.loss_reduction
-    }
-
-    /// These shards with the forward's ties to the caller's graph.
-    pub(crate) fn with_ties(self, ties: Ties<B>) -> Self {
-        Self { ties, ..self }
-    }
-
-    /// How the forward's replicas are tied to the caller's autodiff graph.
-    pub(crate) fn ties(&self) -> &Ties<B> {
-        &self.ties
     }
 
     /// Number of shards (replicas taking part).
@@ -210,23 +188,6 @@ pub fn shard_sizes(batch_size: usize, slots: usize, weights: Option<&[f64]>) -> 
     }
 }
 
-/// Validates shard weights against the device count.
-pub(crate) fn check_weights(weights: &[f64], devices: usize) -> Result<(), DataParallelError> {
-    if weights.len() != devices {
-        return Err(DataParallelError::ShardWeightsLength {
-            expected: devices,
-            found: weights.len(),
-        });
-    }
-    match weights.iter().position(|w| !(w.is_finite() && *w > 0.0)) {
-        Some(index) => Err(DataParallelError::InvalidShardWeight {
-            index,
-            weight: weights[index],
-        }),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,23 +205,5 @@ mod tests {
         assert_eq!(shard_sizes(8, 2, Some(&[1.0, 3.0])), vec![2, 6]);
         assert_eq!(shard_sizes(10, 3, Some(&[1.0, 1.0, 1.0])), vec![4, 3, 3]);
         assert_eq!(shard_sizes(3, 2, Some(&[1.0, 100.0])), vec![0, 3]);
-    }
-
-    #[test]
-    fn weights_are_checked() {
-        assert!(check_weights(&[1.0, 2.0], 2).is_ok());
-        assert!(matches!(
-            check_weights(&[1.0], 2),
-            Err(DataParallelError::ShardWeightsLength {
-                expected: 2,
-                found: 1
-            })
-        ));
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(matches!(
-                check_weights(&[1.0, bad], 2),
-                Err(DataParallelError::InvalidShardWeight { index: 1, .. })
-            ));
-        }
     }
 }

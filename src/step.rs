@@ -1,22 +1,28 @@
-//! The forward of a [`DataParallel`]: scatter, replicate, apply in parallel, gather.
+//! A step of a [`DataParallel`](crate::DataParallel): scatter, replicate, apply in parallel,
+//! then gather the outputs (a forward) or combine the gradients of the replicas' own training
+//! steps (burn-train's `Learner`, `train/`).
 //!
 //! ```text
 //! shards   = scatter(input, devices, dim)     // scatter/: split the batch, move each shard
-//! replicas = replicate(module, shard devices) // replicate/: differentiable copies
+//! replicas = replicate(module, shard devices) // replicate/: copies of the parameters
 //! outputs  = parallel_apply(replicas, shards) // parallel_apply.rs: one lane per device
 //! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
 //! ```
 //!
-//! Running states (`running_states/`) and the profile (`profile.rs`) are the step's
-//! collaborators; the per-replica backward that the parallel backward sets up here lives in
-//! `backend/replica_graphs/`. How a batch is sized into shards is [`shards`] here.
+//! [`apply`] runs the stages every path shares; [`forward`] gathers after it. Running states
+//! (`running_states/`) and the profile (`profile.rs`) are the step's collaborators; how the
+//! replicas are tied to the caller's autodiff graph is decided once per step, in
+//! `backward/ties.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
 use crate::backend::{ConcatBackend, ReplicaSetup};
+use crate::backward::ties::{self, Path, Ties};
+use crate::balance::{self, Measured};
 use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::gather::Gather;
@@ -25,12 +31,11 @@ use crate::profile::{self, Sink, Stage};
 use crate::replicate::replicate_for_step;
 use crate::running_states::{self, OwnStates, RunningStates};
 use crate::scatter::{self, Scatter};
-use crate::shards::Shards;
-use crate::ties::{Backward, Ties};
+use crate::shards::{Shards, shard_sizes};
 
-/// Runs `forward` on every shard of `input` through `dp` and gathers the outputs, on the exact
-/// path ([`Backward::CallerOneGraph`]) where `forward` may capture tracked tensors or the
-/// input holds values the scatter cannot see into.
+/// Runs `forward` on every shard of `input` and gathers the outputs; on the exact path
+/// ([`Path::Exact`]) where `forward` may capture tracked tensors or the input holds values
+/// the scatter cannot see into.
 pub(crate) fn forward<B, M, I, O, E, F>(
     module: &M,
     settings: &Settings<B::Device>,
@@ -47,30 +52,69 @@ where
     E: Into<BoxError>,
     F: Fn(&M, I) -> Result<O, E> + Sync,
 {
-    let backward = match captures || !input.scatters_every_tensor() {
-        true => Backward::CallerOneGraph,
-        false => Backward::Caller,
-    };
-    let shards = shards(settings, &input)?;
     if captures && !parallel_apply::in_replica() {
-        let devices = shards.devices();
-        if devices
-            .iter()
-            .any(|device| *device != settings.output_device)
-        {
-            return Err(DataParallelError::CapturesAcrossDevices {
-                devices: format!("{devices:?}"),
-            });
+        // What the closure captures stays on its device (`CapturesAcrossDevices`).
+        let devices = shards(settings, &input)?.devices().to_vec();
+        if devices.iter().any(|d| *d != settings.output_device) {
+            let devices = format!("{devices:?}");
+            return Err(DataParallelError::CapturesAcrossDevices { devices });
         }
     }
-    let mut step = Step::new(settings, shards, backward)?;
-    let timed = |step: &Step<B>, replica: &M, (shard, input): (usize, I)| {
-        step.replica(shard, || forward(replica, input).map_err(Into::into))
+    let path = match captures || !input.scatters_every_tensor() {
+        true => Path::Exact,
+        false => Path::Fast,
     };
-    if step.direct(settings) {
-        return step.run_module(module, input, |m, input| timed(&step, m, input));
+    let forward = |m: &M, input| forward(m, input).map_err(Into::into);
+    match apply(module, settings, input, path, own_states, forward)? {
+        Applied::Direct(output) => Ok(output),
+        Applied::Replicas(step, outputs) => {
+            let gathered = step.stage(Stage::Gather, || {
+                step.tied(|| O::gather(outputs, &step.shards))
+            })?;
+            step.seal()?;
+            Ok(gathered)
+        }
     }
-    let inputs = step.stage(Stage::Scatter, || input.scatter(&step.shards));
+}
+
+/// What [`apply`] gives back.
+pub(crate) enum Applied<B: ConcatBackend, R> {
+    /// The module's own result: one shard on its device, or a wrapper inside a replica.
+    Direct(R),
+    /// Each replica's result, in shard order, and the step, for the stage that follows.
+    Replicas(Box<Step<B>>, Vec<R>),
+}
+
+/// The stages every step shares: scatter `input`, replicate `module`, run `f` on every
+/// replica with its shard (each on its lane), and fold the replicas' running states.
+///
+/// # Errors
+///
+/// Those of [`shards`] and [`Step::new`]; those of the loss weights the parts state
+/// ([`scatter::stated_shares`]) and of [`Step::replicate`]; the first replica's failure.
+pub(crate) fn apply<B, M, I, R, F>(
+    module: &M,
+    settings: &Settings<B::Device>,
+    input: I,
+    path: Path,
+    own_states: Option<OwnStates<M>>,
+    f: F,
+) -> Result<Applied<B, R>, DataParallelError>
+where
+    B: ConcatBackend,
+    M: Module<B>,
+    I: Scatter<B> + Send,
+    R: Send,
+    F: Fn(&M, I) -> Result<R, BoxError> + Sync,
+{
+    let mut step = Step::new(settings, shards(settings, &input)?, path)?;
+    let timed =
+        |step: &Step<B>, m: &M, (shard, input): (usize, I)| step.replica(shard, || f(m, input));
+    if step.direct(settings) {
+        let run = |m: &M, input| timed(&step, m, input);
+        return step.run_module(module, input, &run).map(Applied::Direct);
+    }
+    let inputs = step.stage(Stage::Scatter, || step.tied(|| input.scatter(&step.shards)));
     step.weigh(&inputs)?;
     let (replicas, states) = step.stage(Stage::Replicate, || {
         step.replicate(module, settings, own_states)
@@ -79,10 +123,8 @@ where
     step.stage(Stage::RunningStates, || {
         states.finish(module, &settings.output_device, &step.distinct)
     });
-    let outputs = step.outputs(results)?;
-    let gathered = step.stage(Stage::Gather, || O::gather(outputs, &step.shards))?;
-    step.seal()?;
-    Ok(gathered)
+    let results = step.outputs(results)?;
+    Ok(Applied::Replicas(Box::new(step), results))
 }
 
 /// How `input` would be split over the devices of `settings` ([`DataParallel::shards`]).
@@ -102,35 +144,41 @@ pub(crate) fn shards<B: Backend, I: Scatter<B>>(
     match input.batch_size(dim)? {
         None => Err(DataParallelError::NothingToScatter { dim }),
         Some(0) => Err(DataParallelError::EmptyBatch { dim }),
-        Some(batch_size) => Ok(Shards::new(
-            batch_size,
-            &settings.devices,
-            settings.shard_weights.as_deref(),
-            dim,
-            settings.output_device.clone(),
-        )
-        .with_loss_reduction(settings.loss_reduction)),
+        Some(batch_size) => {
+            let sizes = match &settings.balancer {
+                Some(balancer) => balance::lock(balancer).sizes(batch_size),
+                None => {
+                    let weights = settings.shard_weights.as_deref();
+                    shard_sizes(batch_size, settings.devices.len(), weights)
+                }
+            };
+            let output_device = settings.output_device.clone();
+            let shards = Shards::from_sizes(&sizes, &settings.devices, dim, output_device);
+            Ok(shards.with_loss_reduction(settings.loss_reduction))
+        }
     }
 }
 
-/// One step's shards (with their ties to the caller's graph), devices and profile.
+/// One step's shards, their ties to the caller's graph, devices and profile.
 pub(crate) struct Step<B: ConcatBackend> {
     pub(crate) shards: Shards<B>,
+    ties: Ties<B>,
     /// Each device once: the output device, then the replicas' devices.
     pub(crate) distinct: Vec<B::Device>,
-    pub(crate) sink: Option<Arc<Sink>>,
+    sink: Option<Arc<Sink>>,
+    /// The replicas' times, for the adaptive split.
+    measured: Option<Arc<Measured>>,
     workers: Option<Arc<Workers>>,
-    /// Whether the replicas' forwards run one at a time ([`Backward::CallerOneGraph`] under
-    /// autodiff): a forward that reaches a tracked tensor of another graph makes Burn merge
-    /// the graphs, and Burn 0.21's graph locator loses nodes that another thread registers
-    /// during a merge.
+    /// Whether the replicas run one at a time: on the exact path under autodiff (a forward
+    /// that reaches a tracked tensor of another graph makes Burn merge the graphs, and Burn
+    /// 0.21's graph locator loses nodes that another thread registers during a merge), and
+    /// the replicas' own training steps where backwards may not run at once.
     one_at_a_time: bool,
 }
 
 impl<B: ConcatBackend> Step<B> {
-    /// The step of `dp` over `shards`, followed by `backward`: under the caller's backward,
-    /// per-replica graphs for the parallel backward where the backend and the settings allow
-    /// (see `ties.rs`).
+    /// The step of `settings` over `shards` on `path`: on the fast path, per-replica graphs
+    /// for the parallel backward where the backend and the settings allow (`backward/`).
     ///
     /// # Errors
     ///
@@ -139,7 +187,7 @@ impl<B: ConcatBackend> Step<B> {
     pub(crate) fn new(
         settings: &Settings<B::Device>,
         shards: Shards<B>,
-        backward: Backward,
+        path: Path,
     ) -> Result<Self, DataParallelError> {
         let output_device = &settings.output_device;
         if !B::device_transfers() && shards.devices().iter().any(|d| d != output_device) {
@@ -154,16 +202,17 @@ impl<B: ConcatBackend> Step<B> {
             }
         }
         let sink = settings.profiler.start(shards.len());
+        let measured = (settings.balancer.as_ref())
+            .map(|balancer| balance::lock(balancer).measure(shards.replicas(), shards.sizes()));
         let workers = settings.workers.clone();
         let graphs = match &workers {
             Some(workers)
-                if backward == Backward::Caller
-                    && settings.parallel_backward
-                    && shards.len() > 1 =>
+                if path == Path::Fast && settings.parallel_backward && shards.len() > 1 =>
             {
                 let runtime = Runtime {
                     workers: workers.clone(),
                     sink: sink.clone(),
+                    measured: measured.clone(),
                 };
                 B::replica_graphs(ReplicaSetup {
                     replicas: (shards.replicas().iter().copied())
@@ -176,16 +225,25 @@ impl<B: ConcatBackend> Step<B> {
             }
             _ => None,
         };
-        let ties = Ties::new(backward, shards.len(), graphs);
-        let one_at_a_time =
-            backward == Backward::CallerOneGraph && B::ad_enabled(&settings.output_device);
+        let one_at_a_time = match path {
+            Path::Fast => false,
+            Path::Exact => B::ad_enabled(output_device),
+            Path::OwnStep => !settings.parallel_backward || !B::concurrent_backward(),
+        };
         Ok(Self {
-            shards: shards.with_ties(ties),
+            ties: Ties::new(path, shards.len(), graphs),
+            shards,
             distinct,
             sink,
+            measured,
             workers,
             one_at_a_time,
         })
+    }
+
+    /// Runs `f` (the scatter or the gather, on the calling thread) with this step's ties.
+    pub(crate) fn tied<T>(&self, f: impl FnOnce() -> T) -> T {
+        ties::within(&self.ties, f)
     }
 
     /// Takes the loss weights that `parts` (this step's scattered input) state, if they state
@@ -194,7 +252,7 @@ impl<B: ConcatBackend> Step<B> {
     /// # Errors
     ///
     /// Those of [`scatter::stated_shares`].
-    pub(crate) fn weigh<I: Scatter<B>>(&mut self, parts: &[I]) -> Result<(), DataParallelError> {
+    fn weigh<I: Scatter<B>>(&mut self, parts: &[I]) -> Result<(), DataParallelError> {
         if let Some(shares) = scatter::stated_shares(parts)? {
             self.shards.set_loss_shares(shares);
         }
@@ -204,23 +262,18 @@ impl<B: ConcatBackend> Step<B> {
     /// Whether the module runs as it is, on the calling thread: one shard on the module's
     /// own device, or a wrapper inside another wrapper's replica, whose input that replica
     /// already holds.
-    pub(crate) fn direct(&self, settings: &Settings<B::Device>) -> bool {
+    fn direct(&self, settings: &Settings<B::Device>) -> bool {
         let devices = self.shards.devices();
         parallel_apply::in_replica() || (devices.len() == 1 && devices[0] == settings.output_device)
     }
 
     /// Runs the module itself on the whole input, as the bare model would.
-    pub(crate) fn run_module<M, I, O, F>(
-        &self,
-        module: &M,
-        input: I,
-        forward: F,
-    ) -> Result<O, DataParallelError>
+    fn run_module<M, I, R, F>(&self, module: &M, input: I, f: &F) -> Result<R, DataParallelError>
     where
         M: Module<B>,
-        F: Fn(&M, (usize, I)) -> Result<O, BoxError>,
+        F: Fn(&M, (usize, I)) -> Result<R, BoxError>,
     {
-        let result = parallel_apply::run(module, (0, input), &forward);
+        let result = parallel_apply::run(module, (0, input), f);
         if self.workers.is_some() && !parallel_apply::in_replica() {
             // A later forward over several shards reads the statistics on worker threads.
             self.stage(Stage::RunningStates, || running_states::sync(module));
@@ -241,10 +294,23 @@ impl<B: ConcatBackend> Step<B> {
         profile::stage::<B, _>(self.sink.as_ref(), stage, self.involved(), f)
     }
 
-    /// Runs replica `shard`'s forward `f`, timed in the profile.
-    pub(crate) fn replica<T>(&self, shard: usize, f: impl FnOnce() -> T) -> T {
-        let device = &self.shards.devices()[shard];
-        profile::replica::<B, _>(self.sink.as_ref(), shard, device, f)
+    /// Runs replica `shard`'s forward `f`, timed up to its device having run it where the
+    /// profile or the adaptive split asks.
+    fn replica<T>(&self, shard: usize, f: impl FnOnce() -> T) -> T {
+        if self.sink.is_none() && self.measured.is_none() {
+            return f();
+        }
+        let start = Instant::now();
+        let output = f();
+        let _ = B::sync(&self.shards.devices()[shard]);
+        let elapsed = start.elapsed();
+        if let Some(sink) = &self.sink {
+            sink.replica_forward(shard, elapsed);
+        }
+        if let Some(measured) = &self.measured {
+            measured.add(shard, elapsed);
+        }
+        output
     }
 
     /// The replicas of the step, with their running states planned.
@@ -254,7 +320,7 @@ impl<B: ConcatBackend> Step<B> {
     /// [`DataParallelError::SharedRunningStates`] where a replica on another device would
     /// move the module's running states inside its forward on a backend that does not order
     /// such a transfer.
-    pub(crate) fn replicate<M: Module<B>>(
+    fn replicate<M: Module<B>>(
         &self,
         module: &M,
         settings: &Settings<B::Device>,
@@ -265,7 +331,7 @@ impl<B: ConcatBackend> Step<B> {
             self.shards.devices(),
             settings.bucket_size,
             own_states,
-            self.shards.ties(),
+            &self.ties,
         );
         if states.shared_elsewhere && !B::orders_receives() {
             return Err(DataParallelError::SharedRunningStates {
@@ -275,46 +341,41 @@ impl<B: ConcatBackend> Step<B> {
         Ok((replicas, states))
     }
 
-    /// Runs `forward` on every replica with its input, each on its slot's lane (one at a
-    /// time on the exact path).
-    pub(crate) fn apply<M, I, O, F>(
-        &self,
-        replicas: Vec<M>,
-        inputs: Vec<I>,
-        forward: &F,
-    ) -> Vec<Result<O, Failure>>
+    /// Runs `f` on every replica with its input, each on its slot's lane, one at a time where
+    /// [`one_at_a_time`](Self::one_at_a_time).
+    fn apply<M, I, R, F>(&self, replicas: Vec<M>, inputs: Vec<I>, f: &F) -> Vec<Result<R, Failure>>
     where
         M: Send,
         I: Send,
-        O: Send,
-        F: Fn(&M, (usize, I)) -> Result<O, BoxError> + Sync,
+        R: Send,
+        F: Fn(&M, (usize, I)) -> Result<R, BoxError> + Sync,
     {
-        if let Some(graphs) = self.shards.ties().graphs() {
+        if let Some(graphs) = self.ties.graphs() {
             graphs.begin_forward();
         }
         if !self.one_at_a_time {
-            return self.run_replicas(replicas, inputs, forward);
+            return self.run_replicas(replicas, inputs, f);
         }
-        let turn = std::sync::Mutex::new(());
+        let turn = Mutex::new(());
         let one_at_a_time = |m: &M, input: (usize, I)| {
             let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
-            forward(m, input)
+            f(m, input)
         };
         self.run_replicas(replicas, inputs, &one_at_a_time)
     }
 
-    /// Runs `forward` on every replica with its input, on the lanes where there are.
-    fn run_replicas<M, I, O, F>(
+    /// Runs `f` on every replica with its input, on the lanes where there are.
+    fn run_replicas<M, I, R, F>(
         &self,
         replicas: Vec<M>,
         inputs: Vec<I>,
-        forward: &F,
-    ) -> Vec<Result<O, Failure>>
+        f: &F,
+    ) -> Vec<Result<R, Failure>>
     where
         M: Send,
         I: Send,
-        O: Send,
-        F: Fn(&M, (usize, I)) -> Result<O, BoxError> + Sync,
+        R: Send,
+        F: Fn(&M, (usize, I)) -> Result<R, BoxError> + Sync,
     {
         let inputs = inputs.into_iter().enumerate();
         match &self.workers {
@@ -322,19 +383,16 @@ impl<B: ConcatBackend> Step<B> {
                 let slots = self.shards.replicas().iter().copied();
                 let jobs = slots.zip(replicas).zip(inputs);
                 let jobs = jobs.map(|((slot, replica), input)| (slot, replica, input));
-                workers.apply(jobs.collect(), forward)
+                workers.apply(jobs.collect(), f)
             }
             None => (replicas.iter().zip(inputs))
-                .map(|(replica, input)| parallel_apply::run(replica, input, forward))
+                .map(|(replica, input)| parallel_apply::run(replica, input, f))
                 .collect(),
         }
     }
 
-    /// The replicas' outputs, or the first replica's failure.
-    pub(crate) fn outputs<O>(
-        &self,
-        results: Vec<Result<O, Failure>>,
-    ) -> Result<Vec<O>, DataParallelError> {
+    /// The replicas' results, or the first replica's failure.
+    fn outputs<R>(&self, results: Vec<Result<R, Failure>>) -> Result<Vec<R>, DataParallelError> {
         results
             .into_iter()
             .enumerate()
@@ -355,7 +413,7 @@ impl<B: ConcatBackend> Step<B> {
     /// [`DataParallelError::CapturedTensor`] when a replica's outputs use a tracked tensor
     /// that it did not receive through its input.
     fn seal(&self) -> Result<(), DataParallelError> {
-        let Some(graphs) = self.shards.ties().graphs() else {
+        let Some(graphs) = self.ties.graphs() else {
             return Ok(());
         };
         graphs
@@ -369,7 +427,7 @@ impl<B: ConcatBackend> Step<B> {
 
 impl<B: ConcatBackend> Drop for Step<B> {
     fn drop(&mut self) {
-        if let Some(graphs) = self.shards.ties().graphs() {
+        if let Some(graphs) = self.ties.graphs() {
             let _ = graphs.seal();
         }
     }

@@ -14,7 +14,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{FloatDType, TensorMetadata};
 
 use super::comm::{self, TransferLog};
-use super::{ConcatBackend, ConcatOps, MAX_TRACKED_INPUTS, ReplicaOps, TransferOps};
+use super::{ConcatBackend, ConcatOps, MAX_TRACKED_INPUTS, TransferOps};
 
 #[derive(Debug)]
 struct ConcatBackward;
@@ -273,7 +273,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> TransferOps for Autodiff<B, C> {
         tensors: Vec<FloatTensor<Self>>,
         device: &Self::Device,
     ) -> Vec<FloatTensor<Self>> {
-        super::autodiff_broadcast::move_coalesced::<B, C>(tensors, device)
+        super::autodiff_coalesced::move_coalesced::<B, C>(tensors, device)
     }
 
     fn float_move_split(
@@ -315,34 +315,5 @@ impl<B: ConcatBackend, C: CheckpointStrategy> TransferOps for Autodiff<B, C> {
                 }
             })
             .collect()
-    }
-}
-
-impl<B: ConcatBackend, C: CheckpointStrategy> ReplicaOps for Autodiff<B, C> {
-    fn float_is_tracked(tensor: &FloatTensor<Self>) -> bool {
-        tensor.is_tracked()
-    }
-
-    fn concurrent_backward() -> bool {
-        B::concurrent_backward()
-    }
-
-    fn fusion_half_precision() -> bool {
-        B::fusion_half_precision()
-    }
-
-    fn replica_graphs(
-        setup: super::ReplicaSetup<Self>,
-    ) -> Option<Arc<dyn super::ReplicaGraphs<Self>>> {
-        if !B::concurrent_backward() {
-            return None;
-        }
-        Some(super::replica_graphs::Graphs::<B, C>::new(setup))
-    }
-
-    fn float_join_graphs(tensors: Vec<FloatTensor<Self>>) {
-        if tensors.len() > 1 {
-            super::replica_graphs::join_all::<B, C>(tensors);
-        }
     }
 }

@@ -20,12 +20,12 @@
 //! - `fusion.rs`: `Fusion` records them as custom operations;
 //! - `autodiff.rs`: `Autodiff` gives them custom backward steps (the backward of a
 //!   concatenation is a split and the other way round; the backward of a coalesced transfer
-//!   brings every piece's gradient back in one transfer); `autodiff_broadcast.rs`, the
-//!   parameter broadcast of the single backward, whose backward gives each parameter only
+//!   brings every piece's gradient back in one transfer); `autodiff_coalesced.rs`, the
+//!   coalesced move of the parameters under the single backward, whose backward gives each parameter only
 //!   the gradient its copies received;
 //! - `cpu.rs`: Flex and NdArray use Burn's own operations;
-//! - `replica_graphs/`: under `Autodiff`, the per-replica graphs and backward of the
-//!   parallel backward.
+//! - `join.rs`: one graph node with many parents (the single backward's one graph, the
+//!   parallel backward's hub).
 //!
 //! `comm/` holds every transfer and gradient sum of the pipeline (broadcast of parameters,
 //! reduce-add of gradients, move-and-split), used by the forward and by both backwards.
@@ -55,7 +55,7 @@
 //! run at once.
 
 mod autodiff;
-mod autodiff_broadcast;
+mod autodiff_coalesced;
 pub(crate) mod comm;
 mod concat_ops;
 #[cfg(any(feature = "flex", feature = "ndarray"))]
@@ -64,7 +64,7 @@ mod cpu;
 mod cubecl;
 #[cfg(feature = "fusion")]
 mod fusion;
-mod replica_graphs;
+mod join;
 mod replica_ops;
 mod tensor;
 mod transfer_ops;
@@ -73,6 +73,7 @@ use burn::tensor::Slice;
 use burn::tensor::backend::AutodiffBackend;
 
 pub use concat_ops::ConcatOps;
+pub(crate) use join::join_all;
 pub use replica_ops::ReplicaOps;
 #[doc(hidden)]
 pub use replica_ops::{Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
@@ -106,7 +107,7 @@ where
 
 /// Largest number of inputs one tracked concatenation (or graph join) takes; more are taken in
 /// groups.
-const MAX_TRACKED_INPUTS: usize = 16;
+pub(crate) const MAX_TRACKED_INPUTS: usize = 16;
 
 /// The slices that cut `shape` along `dim` into pieces of `sizes`.
 ///

@@ -1,6 +1,6 @@
 //! [`ReplicaOps`]: what a backend allows of replicas (concurrent backward passes, half
 //! precision under Fusion) and, under `Autodiff`, the per-replica graphs of the parallel
-//! backward (`replica_graphs/`).
+//! backward (implemented for `Autodiff` in `backward/`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +56,7 @@ pub trait ReplicaOps: Backend {
     /// Whether replicas' backward passes may run on their worker threads at the same time
     /// ([`DataParallelConfig::parallel_backward`](crate::DataParallelConfig::parallel_backward)).
     /// True by default; false for `Fusion`, whose per-thread streams gave wrong gradients and
-    /// slower steps that way on two H200s (see the crate's benchmark results).
+    /// slower steps that way (see the crate's benchmark results).
     fn concurrent_backward() -> bool {
         true
     }
@@ -87,7 +87,11 @@ pub trait ReplicaRuntime: Send + Sync {
     /// Whether the step is profiled.
     fn profiling(&self) -> bool;
 
-    /// Records that replica `replica`'s backward took `elapsed` (when profiling).
+    /// Whether each replica's backward is timed up to its device having run it (profiling, or
+    /// the adaptive split).
+    fn times_backwards(&self) -> bool;
+
+    /// Records that replica `replica`'s backward took `elapsed` (when timed).
     fn record_backward(&self, replica: usize, elapsed: Duration);
 
     /// Records one gradient transfer of the backward (when profiling).

@@ -3,7 +3,7 @@
 //! A copy on the device that already holds a parameter shares that parameter's data (no
 //! copy); copies on other devices receive the parameters in coalesced buckets
 //! ([`comm::move_coalesced`]). How a copy's parameters relate to the module's depends on the
-//! backward that follows, and is decided in `ties.rs` ([`Ties`]): the same graph nodes (the
+//! backward that follows, and is decided in `backward/ties.rs` ([`Ties`]): the same graph nodes (the
 //! single backward), leaves of the replica's own graph whose gradients the per-replica
 //! backward sends back (the parallel backward), or fresh leaves whose gradients the replica's
 //! own training step returns.
@@ -12,12 +12,12 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Bool, Int, Tensor, backend::Backend};
 
 use crate::backend::{ConcatBackend, is_tracked};
+use crate::backward::ties::Ties;
 use crate::running_states::{OwnStates, RunningStates};
-use crate::ties::Ties;
 
-mod broadcast;
+mod transfer;
 
-use broadcast::move_coalesced;
+use transfer::move_parameters;
 
 /// Default size of one coalesced parameter transfer: 25 MiB.
 pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;
@@ -62,12 +62,17 @@ pub fn replicate_with_buckets<B: ConcatBackend, M: Module<B>>(
     devices: &[B::Device],
     bucket_size: usize,
 ) -> Vec<M> {
-    let mut states = RunningStates::plan(module, devices, None);
-    copies(module, devices, bucket_size, &mut states, &Ties::Shared)
+    // The copies start from clones: lazy parameters must be initialised first, in the module.
+    initialize(module);
+    replicate_for_step(module, devices, bucket_size, None, &Ties::Caller).0
 }
 
-/// The replicas of one step on `devices` (shard order), and the plan of their running states
-/// (see [`RunningStates::plan`]).
+/// The replicas of one step on `devices` (shard order), tied to the module as `ties` say,
+/// and the plan of their running states (see [`RunningStates::plan`]). `module` has no lazy
+/// parameter left ([`initialize`]): the copies start from clones of it.
+///
+/// Each copy comes from the module or the replica's own running-state set
+/// ([`RunningStates::source`]); replicas that share a device and a set share one copy.
 pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
     module: &M,
     devices: &[B::Device],
@@ -75,58 +80,46 @@ pub(crate) fn replicate_for_step<B: ConcatBackend, M: Module<B>>(
     own_states: Option<OwnStates<M>>,
     ties: &Ties<B>,
 ) -> (Vec<M>, RunningStates<B, M>) {
-    let module = ties.module(module);
-    let mut states = RunningStates::plan(&module, devices, own_states);
-    let replicas = copies(&module, devices, bucket_size, &mut states, ties);
-    (replicas, states)
-}
-
-/// One copy of `module` per device, from the module or the replica's own running-state set,
-/// tied to the module's parameters as `ties` say.
-fn copies<B: ConcatBackend, M: Module<B>>(
-    module: &M,
-    devices: &[B::Device],
-    bucket_size: usize,
-    states: &mut RunningStates<B, M>,
-    ties: &Ties<B>,
-) -> Vec<M> {
+    let tied = ties.prepare(module);
+    let mut states = RunningStates::plan(&tied.module, devices, own_states);
     // The module's graph moves as it is; other copies carry plain values, from which each
     // replica then makes its leaves: a copy that stays on the module's device needs neither
     // detaching nor a transfer, one bound for another device is detached first so that its
-    // transfer adds nothing to the caller's graph.
-    let leaves = ties.leaves();
-    let copy_to = |source: &M, device: &B::Device| match ties.shares_nodes() {
-        true => move_coalesced(source, device, bucket_size, leaves.as_ref()),
-        false if broadcast::is_on(source, device) => source.clone(),
-        false => move_coalesced(&source.clone().map(&mut Detach), device, bucket_size, None),
+    // transfer adds nothing to the caller's graph. Each copy comes with whether it moved.
+    let copy_to = |source: &M, device: &B::Device| {
+        let here = transfer::is_on(&tied.module, device);
+        let copy = match tied.shares_nodes() {
+            true => move_parameters(source, device, bucket_size, tied.leaves.as_ref()),
+            false if transfer::is_on(source, device) => source.clone(),
+            false => move_parameters(&source.clone().map(&mut Detach), device, bucket_size, None),
+        };
+        (copy, !here)
     };
-    let targets = ties.targets(module);
-    let mut made: Vec<(&B::Device, Option<usize>, M)> = Vec::new();
+    let mut made: Vec<(&B::Device, Option<usize>, M, bool)> = Vec::new();
     let replicas = devices
         .iter()
         .enumerate()
         .map(|(replica, device)| {
             let group = states.group(replica);
-            let copy = match made.iter().find(|(d, g, _)| *d == device && *g == group) {
-                Some((_, _, copy)) => copy.clone(),
+            let copy = match made.iter().find(|(d, g, _, _)| *d == device && *g == group) {
+                Some((_, _, copy, _)) => copy.clone(),
                 None => {
-                    let copy = copy_to(states.source(module, replica), device);
-                    made.push((device, group, copy.clone()));
+                    let (copy, moved) = copy_to(states.source(replica), device);
+                    made.push((device, group, copy.clone(), moved));
                     copy
                 }
             };
-            ties.parameters(copy, replica, &targets)
+            tied.parameters(copy, replica)
         })
         .collect();
-    // Copies on the module's device hold the module's own nodes, which the join has already;
-    // lazily, so that only the ties that join visit the module for it.
-    ties.join(
-        (made.iter())
-            .filter(|(device, _, _)| !broadcast::is_on(module, device))
-            .map(|(_, _, copy)| copy),
+    // Copies on the module's device hold the module's own nodes, which the join has already.
+    tied.join(
+        made.iter()
+            .filter(|made| made.3)
+            .map(|(_, _, copy, _)| copy),
     );
-    states.restore(module);
-    replicas
+    states.restore();
+    (replicas, states)
 }
 
 /// Detaches every tracked float tensor: the values without their graph (Burn's `detach`
@@ -188,7 +181,6 @@ mod independent_tests {
             .map(|r| r.weight.val().into_primitive().tensor().node.id)
             .collect();
         let module_id = model.weight.val().into_primitive().tensor().node.id;
-        eprintln!("module {module_id:?} replicas {ids:?}");
         assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
         assert!(ids.iter().all(|id| *id != module_id));
     }

@@ -32,6 +32,8 @@ pub(crate) type OwnStates<M> = fn(&M) -> M;
 
 /// Where each replica's running states live for one forward, and how they come home.
 pub(crate) struct RunningStates<B: Backend, M> {
+    /// The module the replicas are copied from (a clone: clones share running states).
+    module: M,
     /// Per replica: `None` for the module's own set, `Some(k)` for own set `k`.
     groups: Vec<Option<usize>>,
     /// Each own set (a copy of the module holding it) and the number of replicas using it.
@@ -94,6 +96,7 @@ impl<B: ConcatBackend, M: Module<B>> RunningStates<B, M> {
             _ => Vec::new(),
         };
         Self {
+            module: module.clone(),
             groups,
             sets,
             ids,
@@ -107,19 +110,20 @@ impl<B: ConcatBackend, M: Module<B>> RunningStates<B, M> {
         self.groups[replica]
     }
 
-    /// The module replica `replica` is copied from: `module`, or the copy holding its set.
-    pub(crate) fn source<'a>(&'a self, module: &'a M, replica: usize) -> &'a M {
+    /// The module replica `replica` is copied from: the planned module, or the copy holding
+    /// its set.
+    pub(crate) fn source(&self, replica: usize) -> &M {
         match self.groups[replica] {
             Some(k) => &self.sets[k].0,
-            None => module,
+            None => &self.module,
         }
     }
 
     /// Puts back the module's running states that making a copy on another device moved
     /// there (they are shared by every clone); notes whether any was.
-    pub(crate) fn restore(&mut self, module: &M) {
+    pub(crate) fn restore(&mut self) {
         if let Some(noted) = self.noted.take() {
-            self.shared_elsewhere = noted.restore(module);
+            self.shared_elsewhere = noted.restore(&self.module);
         }
     }
 

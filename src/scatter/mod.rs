@@ -6,6 +6,7 @@ use std::hash::{BuildHasher, Hash};
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::backend::{ConcatKind, Part, comm};
+use crate::backward::ties;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
 
@@ -132,7 +133,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
     }
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
-        let ties = shards.ties();
+        let ties = ties::current::<B>();
         let part = Part::Rows { dim: shards.dim() };
         comm::split(ties.source(&self), shards.sizes(), shards.dim())
             .into_iter()

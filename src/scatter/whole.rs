@@ -5,6 +5,7 @@ use burn::tensor::{Tensor, backend::Backend};
 
 use super::Scatter;
 use crate::backend::{ConcatKind, Part, comm};
+use crate::backward::ties;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
 
@@ -46,7 +47,7 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Broadcast<Tens
 
     fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
         let Broadcast(tensor) = self;
-        let ties = shards.ties();
+        let ties = ties::current::<B>();
         let value = ties.source(&tensor);
         shards
             .devices()

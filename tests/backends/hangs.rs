@@ -127,3 +127,36 @@ fn a_hanging_replica_backward_ends_the_callers_backward() {
         },
     );
 }
+
+/// The tests' watchdog gives a body that keeps its process computing more time than the
+/// limit (a fresh CubeCL cache compiling), and fails one that waits for ever in bounded time.
+#[test]
+fn the_watchdog_tells_computing_from_hanging() {
+    let spin = || {
+        let started = Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_secs(3) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        x
+    };
+    let started = Instant::now();
+    within_for("computing", 1, spin);
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "ran to its end"
+    );
+
+    let started = Instant::now();
+    let hung = std::panic::catch_unwind(|| {
+        within_for("hanging", 1, || std::thread::sleep(Duration::from_secs(60)))
+    });
+    let message = panic_text(hung.expect_err("fails").as_ref());
+    assert!(message.contains("did not finish"), "message: {message}");
+    // Idle: at the limit; while other tests compute beside it: at five times the limit.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}

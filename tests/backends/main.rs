@@ -7,6 +7,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(all(feature = "flex", feature = "train"))]
+mod adaptive;
 mod batch_norm;
 mod captured;
 mod chain;

@@ -107,8 +107,36 @@ macro_rules! backend_tests {
 /// Runs `body` on a thread of its own and fails the test if it has not finished within
 /// `DATAPARALLEL_TEST_TIMEOUT` seconds (120 by default): a hang becomes a failure naming the
 /// test instead of a CI run that never ends. Panics of `body` come through unchanged.
+///
+/// A test still running at the limit while its process computes (CubeCL compiling kernels on
+/// a fresh cache takes minutes, on threads of its own) gets more time, up to five times the
+/// limit; one whose process sat idle (under a tenth of the time computing) since the watchdog
+/// last looked fails at once as a hang. Either way it ends in bounded time, and the message
+/// says which it was.
 pub fn within<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
     within_for(name, 120, body)
+}
+
+/// How often, at most, the watchdog of [`within`] looks at the process past the limit, and
+/// the share of that time the process must have computed to count as computing, not hung.
+const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const BUSY_SHARE: f64 = 0.1;
+
+/// The CPU time this process has used, user and system, where the platform tells.
+fn process_cpu() -> Option<std::time::Duration> {
+    #[cfg(unix)]
+    {
+        // SAFETY: `getrusage` fills the zeroed struct it is given and reads nothing else.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return None;
+        }
+        let time =
+            |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        Some(time(usage.ru_utime) + time(usage.ru_stime))
+    }
+    #[cfg(not(unix))]
+    None
 }
 
 /// [`within`], with `default` seconds where `DATAPARALLEL_TEST_TIMEOUT` is not set.
@@ -129,10 +157,35 @@ pub fn within_for<T: Send + 'static>(
             let _ = sender.send(result);
         })
         .expect("a test thread");
-    match receiver.recv_timeout(std::time::Duration::from_secs(limit)) {
-        Ok(Ok(value)) => value,
-        Ok(Err(payload)) => std::panic::resume_unwind(payload),
-        Err(_) => panic!("{name} did not finish within {limit} s: it hangs"),
+    let started = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(limit);
+    let mut wait = limit;
+    loop {
+        let cpu = process_cpu();
+        match receiver.recv_timeout(wait) {
+            Ok(Ok(value)) => return value,
+            Ok(Err(payload)) => std::panic::resume_unwind(payload),
+            Err(_) => {}
+        }
+        let elapsed = started.elapsed();
+        let used = (cpu.zip(process_cpu())).map(|(before, now)| now.saturating_sub(before));
+        let computing = used.is_some_and(|used| used >= wait.mul_f64(BUSY_SHARE));
+        if computing && elapsed < 5 * limit {
+            wait = WATCH_INTERVAL.min(limit);
+            continue;
+        }
+        let used = used.map_or("unknown".into(), |used| format!("{used:.1?}"));
+        match computing {
+            true => panic!(
+                "{name} did not finish within {elapsed:.0?} although its process kept \
+                 computing ({used} of CPU in the last {wait:?}): too slow, not hung (a fresh \
+                 CubeCL cache compiles kernels for minutes; raise DATAPARALLEL_TEST_TIMEOUT)"
+            ),
+            false => panic!(
+                "{name} did not finish within {elapsed:.0?}, its process idle ({used} of CPU \
+                 in the last {wait:?}): it hangs"
+            ),
+        }
     }
 }
 

@@ -13,9 +13,9 @@ use std::collections::VecDeque;
 
 use burn::tensor::{DType, TensorMetadata};
 
-use super::super::{ConcatBackend, Part};
 use super::State;
 use crate::backend::comm;
+use crate::backend::{ConcatBackend, Part};
 
 /// What the plan needs to know of a target.
 pub(super) struct TargetInfo<D> {

@@ -34,7 +34,7 @@ use burn::tensor::{FloatDType, Shape, TensorMetadata};
 
 use super::ConcatBackend;
 use super::comm::{self, TransferLog};
-use super::replica_graphs::join_all;
+use super::join::join_all;
 
 type Tracked<B> = FloatTensor<Autodiff<B>>;
 

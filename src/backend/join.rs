@@ -6,8 +6,12 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 
-use super::super::{ConcatBackend, MAX_TRACKED_INPUTS};
-use super::Tracked;
+use burn::backend::autodiff::Autodiff;
+use burn::tensor::ops::FloatTensor;
+
+use super::{ConcatBackend, MAX_TRACKED_INPUTS};
+
+type Tracked<B, C> = FloatTensor<Autodiff<B, C>>;
 
 #[derive(Debug)]
 struct JoinBackward;
@@ -21,8 +25,8 @@ impl<B: ConcatBackend, const N: usize> Backward<B, N> for JoinBackward {
 
 /// One graph node with exactly `N` of `tensors` as parents; its value is the first tensor's.
 fn join_n<B: ConcatBackend, C: CheckpointStrategy, const N: usize>(
-    tensors: Vec<Tracked<B>>,
-) -> Tracked<B> {
+    tensors: Vec<Tracked<B, C>>,
+) -> Tracked<B, C> {
     let nodes: [_; N] = core::array::from_fn(|i| tensors[i].node.clone());
     let value = tensors[0].primitive.clone();
     match JoinBackward.prepare::<C>(nodes).compute_bound().stateful() {
@@ -39,8 +43,8 @@ fn join_n<B: ConcatBackend, C: CheckpointStrategy, const N: usize>(
 ///
 /// If `tensors` is empty.
 pub(crate) fn join_all<B: ConcatBackend, C: CheckpointStrategy>(
-    mut tensors: Vec<Tracked<B>>,
-) -> Tracked<B> {
+    mut tensors: Vec<Tracked<B, C>>,
+) -> Tracked<B, C> {
     while tensors.len() > 1 {
         tensors = (tensors.chunks(MAX_TRACKED_INPUTS))
             .map(|group| join_group::<B, C>(group.to_vec()))
@@ -50,7 +54,9 @@ pub(crate) fn join_all<B: ConcatBackend, C: CheckpointStrategy>(
 }
 
 /// One graph node with the 1 to 16 `tensors` as parents.
-fn join_group<B: ConcatBackend, C: CheckpointStrategy>(tensors: Vec<Tracked<B>>) -> Tracked<B> {
+fn join_group<B: ConcatBackend, C: CheckpointStrategy>(
+    tensors: Vec<Tracked<B, C>>,
+) -> Tracked<B, C> {
     macro_rules! by_count {
         ($($n:literal)+) => {
             match tensors.len() {

@@ -15,11 +15,11 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::super::comm::{self, Combine, ReduceBucket, Target, TransferLog};
-use super::super::{ConcatBackend, Part, ReplicaRuntime, add_to};
 use super::overlap::{Overlap, Ready};
 use super::replica::{Key, Lost, replica_backward};
 use super::{Graphs, PerReplica, Replica, State, Status, Tracked};
+use crate::backend::comm::{self, Combine, ReduceBucket, Target, TransferLog};
+use crate::backend::{ConcatBackend, Part, ReplicaRuntime, add_to};
 
 /// A replica's backward, ready to run on its worker.
 type Job = Box<dyn FnOnce() + Send>;

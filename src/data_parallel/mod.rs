@@ -1,6 +1,6 @@
 //! The [`DataParallel`] wrapper and its construction; its forward entry points are in
 //! `data_parallel/forwards.rs`, what it holds and was built with in
-//! `data_parallel/settings.rs`.
+//! `data_parallel/accessors.rs`.
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -15,8 +15,8 @@ use crate::scatter::Scatter;
 use crate::shards::Shards;
 use crate::step;
 
+mod accessors;
 mod forwards;
-mod settings;
 
 /// A module whose forward splits the batch over several devices and runs one replica per
 /// device at the same time.
@@ -31,10 +31,8 @@ mod settings;
 /// into the bare model and back, parameter ids and optimizer state are shared.
 ///
 /// A device may be listed more than once, which runs several replicas on it: every code path
-/// of several devices on one, for tests. It is not faster than one replica: on CubeCL
-/// backends every thread's kernel launches for a device run on that device's one server
-/// thread, so replicas sharing a GPU queue their launches behind each other (two replicas on
-/// one H200 cost 1.2–1.9x the bare step, see the crate's benchmark results).
+/// of several devices on one, for tests, not faster than one replica (on CubeCL backends a
+/// device's launches run on one thread).
 ///
 /// # Example
 ///

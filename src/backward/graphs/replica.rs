@@ -15,9 +15,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::super::comm;
-use super::super::{ConcatBackend, add_to};
 use super::{Graphs, Status, Tracked};
+use crate::backend::comm;
+use crate::backend::{ConcatBackend, add_to};
 
 /// One replica's backward, seeded with its outputs' gradients: the root is the flat
 /// concatenation of each output times its gradient (Burn seeds a root with ones, so each
@@ -184,7 +184,7 @@ impl<B: ConcatBackend, C: CheckpointStrategy> Graphs<B, C> {
 
     /// Replica `replica`'s backward is over (`failure`: it panicked with this message).
     fn report(&self, replica: usize, failure: Option<String>) {
-        if failure.is_none() && self.setup.runtime.profiling() {
+        if failure.is_none() && self.setup.runtime.times_backwards() {
             let started = self.lock().started_at;
             let device = &self.setup.replicas[replica].1;
             let _ = B::sync(device);

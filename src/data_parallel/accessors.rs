@@ -1,12 +1,12 @@
 //! What a [`DataParallel`] holds and was built with, and its step profile: the accessors,
-//! apart from the construction and the forwards in `data_parallel.rs`.
+//! apart from the construction (`mod.rs`) and the forwards (`forwards.rs`).
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 
 use super::DataParallel;
+use crate::config::LossReduction;
 use crate::profile::StepProfile;
-use crate::shards::LossReduction;
 
 impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// The wrapped module, which holds the parameters.
@@ -38,6 +38,14 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// The relative share of the batch given to each device, if set.
     pub fn shard_weights(&self) -> Option<&[f64]> {
         self.settings.shard_weights.as_deref()
+    }
+
+    /// With [`adaptive_shards`](crate::DataParallelConfig::adaptive_shards), the shares of the
+    /// batch the next step gives each device (summing to one), the steps measured so far
+    /// folded in; `None` without.
+    pub fn adaptive_weights(&self) -> Option<Vec<f64>> {
+        let balancer = self.settings.balancer.as_ref()?;
+        Some(crate::balance::lock(balancer).weights())
     }
 
     /// Whether each replica's backward is to run on its own worker thread under autodiff

@@ -1,6 +1,6 @@
 //! One autodiff graph per replica, and a backward that runs them on the replicas' worker
-//! threads at the same time ([`ReplicaOps::replica_graphs`] under `Autodiff`): the
-//! parallel backward.
+//! threads at the same time ([`ReplicaOps::replica_graphs`](crate::ReplicaOps::replica_graphs)
+//! under `Autodiff`): the parallel backward.
 //!
 //! The files follow a gradient:
 //!
@@ -19,7 +19,7 @@
 //! 3. `overlap.rs`, while the replicas' backwards run (when the overlapped reduce is on):
 //!    the hub sums each bucket of parameter gradients as soon as every replica has stored it.
 //! 4. `hub.rs`, once every replica is done: the hub combines the rest per target
-//!    ([`comm::reduce_add_coalesced`](super::comm::reduce_add_coalesced): summed for
+//!    (`comm::reduce_add_coalesced`: summed for
 //!    parameters, rows concatenated for inputs) and registers each target's gradient in the
 //!    caller's gradients.
 //!
@@ -36,7 +36,7 @@
 //! backward holds until the hub returns. The hub is a child of the targets that are not
 //! leaves and that some replica used (so that their own backward steps run after the hub
 //! has registered their gradients): a target no replica used gets no gradient, as with the
-//! bare model. `join.rs` makes the one graph node with many parents that this needs.
+//! bare model. `backend/join.rs` makes the one graph node with many parents that this needs.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
@@ -48,15 +48,13 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::Shape;
 use burn::tensor::ops::FloatTensor;
 
-use super::{ConcatBackend, Part, ReplicaSetup};
+use crate::backend::{ConcatBackend, Part, ReplicaSetup};
 
 mod forward;
 mod hub;
-mod join;
 mod overlap;
 mod replica;
 
-pub(super) use join::join_all;
 use overlap::Overlap;
 
 pub(super) type Tracked<B> = FloatTensor<Autodiff<B>>;

@@ -11,9 +11,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::{FloatDType, TensorMetadata};
 
-use super::super::{ConcatBackend, Part, ReplicaGraphs};
+use crate::backend::{ConcatBackend, Part, ReplicaGraphs, join_all};
+
 use super::hub::HubBackward;
-use super::join::join_all;
 use super::replica::{Key, SentinelBackward, StoreBackward};
 use super::{Graphs, Leaf, State, TargetEntry, Tracked};
 
@@ -225,9 +225,9 @@ mod tests {
     use burn::tensor::ops::FloatTensorOps;
     use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 
-    use super::super::super::comm::ReduceBucket;
-    use super::super::super::{Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
     use super::Graphs;
+    use crate::backend::comm::ReduceBucket;
+    use crate::backend::{Part, ReplicaGraphs, ReplicaRuntime, ReplicaSetup};
 
     type A = Autodiff<Flex>;
 
@@ -238,6 +238,9 @@ mod tests {
             job();
         }
         fn profiling(&self) -> bool {
+            false
+        }
+        fn times_backwards(&self) -> bool {
             false
         }
         fn record_backward(&self, _: usize, _: Duration) {}

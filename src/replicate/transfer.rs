@@ -1,4 +1,4 @@
-//! The broadcast of a module's parameters to another device: the float parameters bound
+//! The transfer of a module's parameters to another device: the float parameters bound
 //! there, cut into coalesced buckets, each moved as one buffer ([`comm::move_coalesced`]).
 
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ struct Outgoing<B: Backend> {
 /// itself (a clone) when everything is there already. A float parameter found in `leaves`
 /// (by id) is moved from the tensor there instead of the module's (the same values: see
 /// [`Ties::leaves`](crate::ties::Ties::leaves)).
-pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
+pub(super) fn move_parameters<B: ConcatBackend, M: Module<B>>(
     module: &M,
     device: &B::Device,
     bucket_size: usize,
@@ -52,7 +52,7 @@ pub(super) fn move_coalesced<B: ConcatBackend, M: Module<B>>(
     module.clone().map(&mut MoveTo { device, arrived })
 }
 
-/// Whether every parameter of `module` is on `device` already (a [`move_coalesced`] to it
+/// Whether every parameter of `module` is on `device` already (a [`move_parameters`] to it
 /// would move nothing).
 pub(super) fn is_on<B: Backend, M: Module<B>>(module: &M, device: &B::Device) -> bool {
     let mut on = OnDevice { device, all: true };

@@ -20,6 +20,8 @@ use burn::train::{
 };
 
 use crate::backend::{ConcatBackend, DataParallelBackend};
+use crate::backward::ties::Path;
+use crate::config::LossReduction;
 use crate::config::Settings;
 use crate::data_parallel::DataParallel;
 use crate::data_parallel::own_states;
@@ -28,10 +30,8 @@ use crate::gather::{Gather, Mean, Sum};
 use crate::profile::Stage;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
-use crate::shards::LossReduction;
 use crate::shards::Shards;
-use crate::step::{self, Step};
-use crate::ties::Backward;
+use crate::step::{self, Applied};
 
 mod combine;
 
@@ -132,7 +132,9 @@ fn settle<B: burn::tensor::backend::Backend>(settings: &Settings<B::Device>) {
     }
 }
 
-/// The wrapper's training step: the model's own step on every replica.
+/// The wrapper's training step: the step's stages ([`step::apply`]) with the model's own
+/// training step on every replica, then the replicas' gradients combined and their items
+/// gathered.
 fn train_step<B, M>(
     dp: &DataParallel<B, M>,
     item: M::Input,
@@ -143,49 +145,38 @@ where
     M::Input: Scatter<B>,
     M::Output: Gather<B> + Send,
 {
-    let settings = &dp.settings;
-    let mut step = Step::new(settings, step::shards(settings, &item)?, Backward::OwnStep)?;
-    if step.direct(settings) {
-        return Ok(TrainStep::step(&dp.module, item));
-    }
-    let inputs = step.stage(Stage::Scatter, || item.scatter(&step.shards));
-    step.weigh(&inputs)?;
     let own = dp.own_states.or(Some(own_states::<B, M>));
-    let (replicas, states) = step.stage(Stage::Replicate, || {
-        step.replicate(&dp.module, settings, own)
-    })?;
-    // A step ends with the model's own `loss.backward()`: one at a time where the backend
-    // or the settings allow no concurrent backwards (Fusion, `parallel_backward(false)`), as
-    // on the own loop's path.
-    let one_at_a_time = (!settings.parallel_backward || !B::concurrent_backward())
-        .then(|| std::sync::Mutex::new(()));
-    let results = step.apply(replicas, inputs, &|replica: &M, (shard, input)| {
-        step.replica(shard, || {
-            let _turn =
-                (one_at_a_time.as_ref()).map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
-            let mut output = TrainStep::step(replica, input);
-            // On the replica's worker: the gradients laid out contiguously, for the combine
-            // on the calling thread.
-            combine::make_contiguous::<B, M>(replica, &mut output.grads);
-            Ok(output)
-        })
-    });
-    step.stage(Stage::RunningStates, || {
-        states.finish(&dp.module, &settings.output_device, &step.distinct)
-    });
-    let (grads, items): (Vec<_>, Vec<_>) = step
-        .outputs(results)?
-        .into_iter()
+    let replica_step = |replica: &M, input| {
+        let mut output = TrainStep::step(replica, input);
+        // On the replica's worker: the gradients laid out contiguously, for the combine on
+        // the calling thread.
+        combine::make_contiguous::<B, M>(replica, &mut output.grads);
+        Ok(output)
+    };
+    let (step, outputs) = match step::apply(
+        &dp.module,
+        &dp.settings,
+        item,
+        Path::OwnStep,
+        own,
+        replica_step,
+    )? {
+        Applied::Direct(output) => return Ok(output),
+        Applied::Replicas(step, outputs) => (step, outputs),
+    };
+    let (grads, items): (Vec<_>, Vec<_>) = (outputs.into_iter())
         .map(|output| (output.grads, output.item))
         .unzip();
     let weights = match dp.settings.loss_reduction {
         LossReduction::Mean => Some(step.shards.loss_shares()),
         LossReduction::Sum => None,
     };
-    let grads = step.stage(Stage::Gather, || {
+    let grads = step.stage(Stage::Combine, || {
         combine::combine::<B, M>(&dp.module, grads, weights.as_deref())
     });
-    let item = step.stage(Stage::Gather, || M::Output::gather(items, &step.shards))?;
+    let item = step.stage(Stage::Gather, || {
+        step.tied(|| M::Output::gather(items, &step.shards))
+    })?;
     Ok(TrainOutput { grads, item })
 }
 
