@@ -1,7 +1,11 @@
 //! What replicas on distinct devices of a backend without device-to-device copies cost: an
 //! MLP training step on CubeCL's wgpu runtime, bare, with two replicas sharing one device,
-//! and with two replicas on distinct devices (every parameter, shard, output and gradient
-//! moved through host memory), in interleaved rounds.
+//! and with a replica on each listed device (every parameter, shard, output and gradient
+//! moved through host memory): with even shards, with static shard weights
+//! (`HOST_STAGED_WEIGHTS`, e.g. `3,1`, the output device first) and with adaptive shards
+//! (`DataParallelConfig::adaptive_shards`), in interleaved rounds. Then the move itself: the
+//! parameters' bytes read from the first device and written to the second, one piece at a
+//! time (`bytes_moved` says how many), timed apart (`transfer` alone runs only that).
 //!
 //! ```sh
 //! cargo bench --bench host_staged                      # lavapipe: DefaultDevice and Cpu
@@ -24,7 +28,9 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
-use burn_dataparallel::{DataParallel, Mean, bytes_moved};
+use burn_dataparallel::{
+    AdaptiveShardsConfig, DataParallel, DataParallelConfig, Mean, bytes_moved,
+};
 
 #[allow(dead_code)]
 #[path = "common/measure.rs"]
@@ -39,10 +45,12 @@ mod wgpu_devices;
 
 type B = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 
-/// One configuration: the bare model (`None`) or the wrapper over these devices.
+/// One configuration: the bare model (`None`) or the wrapper over these devices, with these
+/// settings.
 struct Config {
-    label: &'static str,
+    label: String,
     devices: Option<Vec<WgpuDevice>>,
+    settings: DataParallelConfig,
 }
 
 type Inner = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -71,7 +79,7 @@ impl Run {
         let model = match &config.devices {
             None => Model::Bare(model, SgdConfig::new().init()),
             Some(devices) => Model::Wrapped(
-                DataParallel::new(model, devices.clone()).expect("wrapper"),
+                (config.settings.init(model, devices.clone())).expect("wrapper"),
                 SgdConfig::new().init(),
             ),
         };
@@ -138,31 +146,43 @@ fn main() {
     let (rounds, steps) = (env("HOST_STAGED_ROUNDS", 5), env("HOST_STAGED_STEPS", 10));
     let distinct = wgpu_devices::wgpu_devices();
     let first = distinct[0].clone();
-    let configs = [
-        Config {
-            label: "bare",
-            devices: None,
-        },
+    if args.iter().any(|a| a == "transfer") {
+        return transfers(&widths, &distinct);
+    }
+    let n = distinct.len();
+    let plain = |label: &str, devices: Option<Vec<WgpuDevice>>| Config {
+        label: label.to_string(),
+        devices,
+        settings: DataParallelConfig::new(),
+    };
+    let mut configs = vec![
+        plain("bare", None),
         // The bare model on one replica's shard: what each replica's share costs alone.
-        Config {
-            label: "bare, half the batch",
-            devices: None,
-        },
-        Config {
-            label: "2 replicas, one device",
-            devices: Some(vec![first.clone(), first]),
-        },
-        Config {
-            label: "2 replicas, distinct devices",
-            devices: Some(distinct[..2].to_vec()),
-        },
+        plain("bare, one replica's share", None),
+        plain("2 replicas, one device", Some(vec![first.clone(), first])),
+        plain(
+            &format!("{n} replicas, distinct devices, even shards"),
+            Some(distinct.clone()),
+        ),
     ];
-    println!(
-        "MLP {widths:?}, batch {batch}, devices {:?}",
-        &distinct[..2]
-    );
+    if let Ok(weights) = std::env::var("HOST_STAGED_WEIGHTS") {
+        let weights: Vec<f64> = (weights.split(','))
+            .map(|w| w.trim().parse().expect("a weight"))
+            .collect();
+        configs.push(Config {
+            label: format!("{n} replicas, distinct devices, weights {weights:?}"),
+            devices: Some(distinct.clone()),
+            settings: DataParallelConfig::new().with_shard_weights(Some(weights)),
+        });
+    }
+    configs.push(Config {
+        label: format!("{n} replicas, distinct devices, adaptive shards"),
+        devices: Some(distinct.clone()),
+        settings: DataParallelConfig::new().with_adaptive_shards(Some(AdaptiveShardsConfig::new())),
+    });
+    println!("MLP {widths:?}, batch {batch}, devices {distinct:?}");
     let mut runs: Vec<Run> = (configs.iter().enumerate())
-        .map(|(c, config)| Run::new(config, &widths, if c == 1 { batch / 2 } else { batch }))
+        .map(|(c, config)| Run::new(config, &widths, if c == 1 { batch / n } else { batch }))
         .collect();
     // Warm-up: compilation and autotune for every configuration.
     for run in &mut runs {
@@ -212,6 +232,12 @@ fn main() {
         if let Some(profile) = dp.profile() {
             println!("profile, {}: {profile}", configs[c].label);
         }
+        if let Some(weights) = dp.adaptive_weights() {
+            println!(
+                "adaptive weights after the run, {}: {weights:?}",
+                configs[c].label
+            );
+        }
         dp.set_profiling(false);
     }
     let (one, distinct) = (summary[2], summary[3]);
@@ -228,4 +254,74 @@ fn main() {
         ms(distinct.0) - ms(one.0),
         100.0 * (ms(distinct.0) - ms(one.0)).max(0.0) / ms(distinct.0)
     );
+}
+
+/// The parameters' move alone, from the first device to the second, each way of doing it
+/// timed apart: the median of 10 after 2 untimed, each waiting for its device; GB/s counts
+/// the bytes once.
+fn transfers(widths: &[usize], devices: &[WgpuDevice]) {
+    let (from, to) = (&devices[0], &devices[1]);
+    let model = Mlp::<Inner>::new(widths, from);
+    let count = burn::module::Module::num_params(&model);
+    let bytes = 4 * count;
+    let flat = Tensor::<Inner, 1>::random([count], Distribution::Default, from);
+    Inner::sync(from).expect("sync");
+    let data = flat.clone().into_data();
+    let time = |f: &mut dyn FnMut()| {
+        for _ in 0..2 {
+            f();
+        }
+        let times = (0..10)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed()
+            })
+            .collect();
+        median(times)
+    };
+    let rows: [(&str, Duration); 5] = [
+        (
+            "read to host (`into_data`)",
+            time(&mut || drop(flat.clone().into_data())),
+        ),
+        (
+            "write from host (`from_data`)",
+            time(&mut || {
+                let _ = Tensor::<Inner, 1>::from_data(data.clone(), to);
+                Inner::sync(to).expect("sync");
+            }),
+        ),
+        (
+            "read, then write (the plain copy)",
+            time(&mut || {
+                let _ = Tensor::<Inner, 1>::from_data(flat.clone().into_data(), to);
+                Inner::sync(to).expect("sync");
+            }),
+        ),
+        (
+            "the crate's move (`backend::move_to`)",
+            time(&mut || {
+                let _ = burn_dataparallel::backend::move_to(flat.clone(), to);
+                Inner::sync(to).expect("sync");
+            }),
+        ),
+        (
+            "the replicate stage (`replicate`, 25 MiB buckets)",
+            time(&mut || {
+                let _ = burn_dataparallel::replicate(&model, std::slice::from_ref(to));
+                Inner::sync(to).expect("sync");
+            }),
+        ),
+    ];
+    println!("{bytes} bytes ({count} f32 parameters) from {from:?} to {to:?}");
+    println!("| what | time (median of 10) | GB/s |");
+    println!("|---|---|---|");
+    for (what, took) in rows {
+        let rate = bytes as f64 / took.as_secs_f64() / 1e9;
+        println!(
+            "| {what} | {:.2} ms | {rate:.2} |",
+            took.as_secs_f64() * 1e3
+        );
+    }
 }

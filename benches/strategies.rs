@@ -33,6 +33,13 @@
 //! Burn 0.21 implements only for CubeCL backends (not the CPU's), and burn's `distributed`
 //! feature (NCCL on CUDA), which this crate does not build.
 //!
+//! Each configuration's round runs in a process of its own (the bench runs itself with
+//! `STRATEGIES_CHILD=MODEL:STRATEGY:REPLICAS`), so that a device fault (a CUDA error that
+//! leaves the device unusable) fails that configuration alone: its row says which round
+//! faulted and how, and the other rows keep their numbers. The table is printed after every
+//! round. `STRATEGIES_IN_PROCESS=1` runs every configuration in this process instead. The
+//! model's parameters come from a fixed seed, the same in every process.
+//!
 //! Environment: `STRATEGIES_REPLICAS` (default `2,4`), `STRATEGIES_STEPS="WARM,TIMED"`
 //! (default `3,10` on the CPU, `5,20` on CUDA), `STRATEGIES_BATCH` (the global batch; default
 //! the model's `train_step` batch), `STRATEGIES_ROUNDS`; `STRATEGIES_CSV` appends the rows to
@@ -72,8 +79,10 @@ use strategy_runs::{Setup, Strategy};
 struct Config {
     strategy: Strategy,
     replicas: usize,
-    /// Each round's step times, or why the configuration could not run.
-    rounds: Result<Vec<Vec<Duration>>, String>,
+    /// Each finished round's step times.
+    rounds: Vec<Vec<Duration>>,
+    /// Why the configuration is not run (any more): it cannot be, or a round failed.
+    stopped: Option<String>,
     /// Each round's CPU time of the calling thread per step.
     cpu: Vec<Duration>,
     memory: Option<u64>,
@@ -94,6 +103,8 @@ fn bench_model<B: DataParallelBackend>(
 ) {
     *MEMORY.lock().unwrap() = memory;
     let device = B::Device::default();
+    // The same parameters in every process (each configuration runs in one of its own).
+    B::seed(&device, 7);
     let setup = Setup::<B> {
         model: model.to_string(),
         sizes,
@@ -108,7 +119,8 @@ fn bench_model<B: DataParallelBackend>(
     let mut configs = vec![Config {
         strategy: Strategy::Bare,
         replicas: 1,
-        rounds: Ok(Vec::new()),
+        rounds: Vec::new(),
+        stopped: None,
         cpu: Vec::new(),
         memory: None,
     }];
@@ -129,16 +141,14 @@ fn bench_model<B: DataParallelBackend>(
         .into_iter()
         .filter(|s| wanted(*s))
         {
-            let rounds = match batch % n {
-                0 => Ok(Vec::new()),
-                _ => Err(format!(
-                    "the global batch {batch} does not split into {n} equal batches"
-                )),
-            };
+            let stopped = (!batch.is_multiple_of(n)).then(|| {
+                format!("not run: the global batch {batch} does not split into {n} equal batches")
+            });
             configs.push(Config {
                 strategy,
                 replicas: n,
-                rounds,
+                rounds: Vec::new(),
+                stopped,
                 cpu: Vec::new(),
                 memory: None,
             });
@@ -157,97 +167,44 @@ fn bench_model<B: DataParallelBackend>(
         let first = message.unwrap_or_default().replace('\n', " / ");
         eprintln!("panic in {}: {first}", thread.name().unwrap_or("a thread"));
     }));
+    let isolated = std::env::var("STRATEGIES_IN_PROCESS").as_deref() != Ok("1");
     for round in 1..=rounds {
         for config in configs.iter_mut() {
-            let Ok(done) = &mut config.rounds else {
+            if config.stopped.is_some() {
                 continue;
-            };
+            }
             *PEAK.lock().unwrap() = None;
             let began = std::time::Instant::now();
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                setup.run(config.strategy, config.replicas)
-            }));
+            let run = match isolated {
+                true => child_round(model, config.strategy, config.replicas),
+                false => in_process(&setup, config.strategy, config.replicas),
+            };
             match run {
-                Ok((times, cpu)) => {
-                    // Progress on stderr (the table comes after the last round): a run cut
-                    // short by a time limit still shows how far it came, and that the
-                    // first round of each configuration holds its compiling and tuning.
+                Ok((times, cpu, memory)) => {
+                    // Progress on stderr: a run cut short by a time limit still shows how
+                    // far it came, and that the first round of each configuration holds its
+                    // compiling and tuning.
                     eprintln!(
                         "round {round}/{rounds}: {} in {:.1} s, median step {:?}",
                         config.strategy.name(config.replicas),
                         began.elapsed().as_secs_f64(),
                         median(times.clone())
                     );
-                    done.push(times);
+                    config.rounds.push(times);
                     config.cpu.extend(cpu);
-                    config.memory = config.memory.max(*PEAK.lock().unwrap());
+                    config.memory = config.memory.max(memory);
                 }
-                Err(payload) => {
-                    let message = payload
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "a panic".into());
-                    let first = message.lines().next().unwrap_or_default().to_string();
-                    config.rounds = Err(format!("failed: {first}"));
+                Err(why) => {
+                    let name = config.strategy.name(config.replicas);
+                    eprintln!("round {round}/{rounds}: {name} failed: {why}");
+                    config.stopped = Some(format!("failed in round {round}: {why}"));
                 }
             }
         }
+        print_table(backend, model, batch, (round, rounds), steps.1, &configs);
     }
     std::panic::set_hook(default_hook);
-
-    println!(
-        "\n{backend} {model}, global batch {batch}, {rounds} rounds of {} steps",
-        steps.1
-    );
-    println!(
-        "| backend | model | batch | strategy | step (median) | rounds' medians | samples/s | \
-         vs bare | calling thread's CPU per step | memory in use after a forward |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    let mut csv = String::new();
-    let mut bare = None;
-    for config in &configs {
-        let name = config.strategy.name(config.replicas);
-        match &config.rounds {
-            Ok(rounds) => {
-                let all = median(rounds.iter().flatten().copied().collect());
-                let medians: Vec<Duration> = rounds.iter().map(|r| median(r.clone())).collect();
-                let (lo, hi) = (medians.iter().min().unwrap(), medians.iter().max().unwrap());
-                let samples = batch as f64 / all.as_secs_f64();
-                if config.strategy == Strategy::Bare {
-                    bare = Some(samples);
-                }
-                let cpu = match config.cpu.is_empty() {
-                    true => "-".to_string(),
-                    false => format!("{:.2} ms", ms(median(config.cpu.clone()))),
-                };
-                println!(
-                    "| {backend} | {model} | {batch} | {name} | {:.2} ms | {:.2}–{:.2} ms | {:.0} | \
-                     {} | {cpu} | {} |",
-                    ms(all),
-                    ms(*lo),
-                    ms(*hi),
-                    samples,
-                    bare.map(|b| format!("{:.2}x", samples / b))
-                        .unwrap_or_else(|| "-".into()),
-                    config
-                        .memory
-                        .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
-                        .unwrap_or_else(|| "-".into()),
-                );
-                csv.push_str(&format!(
-                    "{backend},{model},{batch},{},{:.4},{samples:.1},{}\n",
-                    name.replace(", ", " "),
-                    ms(all),
-                    config.memory.map(|m| m.to_string()).unwrap_or_default()
-                ));
-            }
-            Err(why) => {
-                println!("| {backend} | {model} | {batch} | {name} | not run: {why} ||||||")
-            }
-        }
-    }
+    let csv = csv_rows(backend, model, batch, &configs);
     // STRATEGIES_CSV: the rows that ran, appended in the CSV layout of the other benches'
     // charts (`train_step plot-speedup-global OUT.svg FILE.csv`).
     if let Ok(path) = std::env::var("STRATEGIES_CSV") {
@@ -280,6 +237,15 @@ fn main() {
         .map(|s| (s[0], s[1]))
         .unwrap_or(if cuda { (5, 20) } else { (3, 10) });
     let global = list_from_env("STRATEGIES_BATCH").and_then(|b| b.first().copied());
+    let child = std::env::var("STRATEGIES_CHILD").ok();
+    // A child runs the one configuration it names, of its model only.
+    let models: Vec<&str> = match &child {
+        Some(spec) => models
+            .into_iter()
+            .filter(|m| spec.split(':').next() == Some(*m))
+            .collect(),
+        None => models,
+    };
     for model in models {
         let batch = global.unwrap_or(match model {
             "resnet18" if cuda => 256,
@@ -294,11 +260,202 @@ fn main() {
             type B = burn::backend::Autodiff<
                 burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
             >;
-            bench_model::<B>("burn-cube", model, CUDA_SIZES, batch, steps, cuda_memory);
+            match &child {
+                Some(spec) => run_child::<B>(spec, CUDA_SIZES, batch, steps, cuda_memory),
+                None => bench_model::<B>("burn-cube", model, CUDA_SIZES, batch, steps, cuda_memory),
+            }
         }
         #[cfg(not(feature = "cuda"))]
-        bench_model::<burn::backend::Autodiff<burn::backend::Flex>>(
-            "flex", model, CPU_SIZES, batch, steps, no_memory,
+        {
+            type B = burn::backend::Autodiff<burn::backend::Flex>;
+            match &child {
+                Some(spec) => run_child::<B>(spec, CPU_SIZES, batch, steps, no_memory),
+                None => bench_model::<B>("flex", model, CPU_SIZES, batch, steps, no_memory),
+            }
+        }
+    }
+}
+
+/// One round of `strategy` over `replicas` devices in this process: each step's time, the
+/// calling thread's CPU per step, the most device memory in use after a forward.
+type Round = (Vec<Duration>, Option<Duration>, Option<u64>);
+
+/// One round in this process; a panic is the round's failure.
+fn in_process<B: DataParallelBackend>(
+    setup: &Setup<B>,
+    strategy: Strategy,
+    replicas: usize,
+) -> Result<Round, String> {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        setup.run(strategy, replicas)
+    }));
+    match run {
+        Ok((times, cpu)) => Ok((times, cpu, *PEAK.lock().unwrap())),
+        Err(payload) => {
+            let message = (payload.downcast_ref::<String>().cloned())
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(message.lines().next().unwrap_or_default().to_string())
+        }
+    }
+}
+
+/// The line a child process prints its round on.
+const RESULT: &str = "STRATEGIES_RESULT";
+
+/// One round in a process of its own (this bench, with `STRATEGIES_CHILD`): a device fault
+/// there fails this round alone. Its stderr passes through; a failure is its exit status and
+/// the last line it wrote.
+fn child_round(model: &str, strategy: Strategy, replicas: usize) -> Result<Round, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let child = std::process::Command::new(exe)
+        .args(std::env::args().skip(1))
+        .env(
+            "STRATEGIES_CHILD",
+            format!("{model}:{}:{replicas}", strategy.key()),
+        )
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .map_err(|e| format!("could not start: {e}"))?;
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    eprint!("{stderr}");
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix(RESULT));
+    match (child.status.success(), line) {
+        (true, Some(line)) => parse_round(line.trim()).ok_or_else(|| format!("unreadable: {line}")),
+        _ => {
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            Err(format!("{} ({})", child.status, last.trim()))
+        }
+    }
+}
+
+/// A round as a child prints it: step times in microseconds, the CPU per step, the memory.
+fn format_round((times, cpu, memory): &Round) -> String {
+    let times: Vec<String> = times.iter().map(|t| t.as_micros().to_string()).collect();
+    let optional = |v: Option<u128>| v.map_or("-".into(), |v| v.to_string());
+    format!(
+        "{} {} {}",
+        times.join(","),
+        optional(cpu.map(|c| c.as_micros())),
+        optional(memory.map(u128::from))
+    )
+}
+
+fn parse_round(line: &str) -> Option<Round> {
+    let mut fields = line.split(' ');
+    let times = (fields.next()?.split(','))
+        .map(|t| t.parse().ok().map(Duration::from_micros))
+        .collect::<Option<Vec<_>>>()?;
+    let optional = |field: &str| field.parse::<u64>().ok();
+    let cpu = optional(fields.next()?).map(Duration::from_micros);
+    let memory = optional(fields.next()?);
+    Some((times, cpu, memory))
+}
+
+/// In a child process: the one round `STRATEGIES_CHILD` names, printed on stdout.
+fn run_child<B: DataParallelBackend>(
+    spec: &str,
+    sizes: Sizes,
+    batch: usize,
+    steps: (usize, usize),
+    memory: MemoryProbe,
+) {
+    let [model, key, replicas] = <[&str; 3]>::try_from(spec.split(':').collect::<Vec<_>>())
+        .expect("STRATEGIES_CHILD=MODEL:STRATEGY:REPLICAS");
+    let strategy = Strategy::from_key(key).expect("a strategy's key");
+    let replicas: usize = replicas.parse().expect("a replica count");
+    *MEMORY.lock().unwrap() = memory;
+    let device = B::Device::default();
+    B::seed(&device, 7);
+    let setup = Setup::<B> {
+        model: model.to_string(),
+        sizes,
+        batch,
+        steps,
+        template: Model::<B>::new(model, sizes, &device),
+    };
+    let (times, cpu) = setup.run(strategy, replicas);
+    let round = (times, cpu, *PEAK.lock().unwrap());
+    println!("{RESULT} {}", format_round(&round));
+}
+
+/// The table of every configuration's finished rounds, after round `round.0` of `round.1`.
+fn print_table(
+    backend: &str,
+    model: &str,
+    batch: usize,
+    round: (usize, usize),
+    timed: usize,
+    configs: &[Config],
+) {
+    println!(
+        "\n{backend} {model}, global batch {batch}, after round {} of {}, {timed} steps a round",
+        round.0, round.1
+    );
+    println!(
+        "| backend | model | batch | strategy | step (median) | rounds' medians | samples/s | \
+         vs bare | calling thread's CPU per step | memory in use after a forward |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut bare = None;
+    for config in configs {
+        let name = config.strategy.name(config.replicas);
+        let note = config.stopped.as_deref().unwrap_or("");
+        if config.rounds.is_empty() {
+            println!("| {backend} | {model} | {batch} | {name} | {note} ||||||");
+            continue;
+        }
+        let all = median(config.rounds.iter().flatten().copied().collect());
+        let medians: Vec<Duration> = config.rounds.iter().map(|r| median(r.clone())).collect();
+        let (lo, hi) = (medians.iter().min().unwrap(), medians.iter().max().unwrap());
+        let samples = batch as f64 / all.as_secs_f64();
+        if config.strategy == Strategy::Bare {
+            bare = Some(samples);
+        }
+        let cpu = match config.cpu.is_empty() {
+            true => "-".to_string(),
+            false => format!("{:.2} ms", ms(median(config.cpu.clone()))),
+        };
+        let rounds = match note.is_empty() {
+            true => format!("{:.2}–{:.2} ms", ms(*lo), ms(*hi)),
+            false => format!(
+                "{:.2}–{:.2} ms ({} rounds; then {note})",
+                ms(*lo),
+                ms(*hi),
+                medians.len()
+            ),
+        };
+        println!(
+            "| {backend} | {model} | {batch} | {name} | {:.2} ms | {rounds} | {samples:.0} | {} | \
+             {cpu} | {} |",
+            ms(all),
+            bare.map(|b| format!("{:.2}x", samples / b))
+                .unwrap_or_else(|| "-".into()),
+            config
+                .memory
+                .map(|b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
+                .unwrap_or_else(|| "-".into()),
         );
     }
+}
+
+/// The configurations' rows in the CSV layout of the other benches' charts.
+fn csv_rows(backend: &str, model: &str, batch: usize, configs: &[Config]) -> String {
+    let mut csv = String::new();
+    for config in configs.iter().filter(|c| !c.rounds.is_empty()) {
+        let all = median(config.rounds.iter().flatten().copied().collect());
+        let samples = batch as f64 / all.as_secs_f64();
+        csv.push_str(&format!(
+            "{backend},{model},{batch},{},{:.4},{samples:.1},{}\n",
+            config.strategy.name(config.replicas).replace(", ", " "),
+            ms(all),
+            config.memory.map(|m| m.to_string()).unwrap_or_default()
+        ));
+    }
+    csv
 }

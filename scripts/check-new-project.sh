@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Pastes the README's dependency lines and quickstart program into a fresh `cargo new`
-# project in a temporary folder, with this checkout as the crate's path, and builds and runs
-# it: the first thing a new user does, checked as they would do it. Then the same program in
-# a second project whose dependencies come from `cargo add`, as the README's note on
-# systemstat tells a user (`cargo add burn@0.21 --features train,flex` first locks systemstat
-# 0.2.8, with which burn-train 0.21 does not build and this crate does not resolve). Both
-# share one target folder, so the second builds nothing but itself.
+# Pastes the README's dependency lines and programs into fresh `cargo new` projects in a
+# temporary folder, as a new user would, and builds them:
 #
-#   scripts/check-new-project.sh            # NEW_PROJECT_TARGET=DIR keeps its build in DIR
+#   1. the path form and the CPU program: built and run;
+#   2. the git form, against a bare clone of this checkout's HEAD (`file://`, as no git host
+#      is reached here): built and run;
+#   3. the `cargo add` commands of the README's note on systemstat: built and run;
+#   4. the CUDA form and program: type-checked (`cargo check`; no GPU needed, cudarc told the
+#      CUDA version) unless NEW_PROJECT_CUDA=0.
+#
+# The CPU projects share one target folder, so each after the first builds little but
+# itself; the CUDA one has its own (other features of Burn).
+#
+#   scripts/check-new-project.sh            # NEW_PROJECT_TARGET=DIR keeps the builds in DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# The README's blocks that follow the markers `<!-- new project: Cargo.toml -->` and
-# `<!-- new project: src/main.rs -->`, without their fences.
+# The README's block that follows the marker `<!-- new project: $1 -->`, without its fences.
 block() {
     awk -v marker="<!-- new project: $1 -->" '
         $0 == marker { found = 1; next }
@@ -23,28 +27,52 @@ block() {
         inside { print }
     ' README.md
 }
-deps=$(block Cargo.toml)
 main=$(block src/main.rs)
-[ -n "$deps" ] && [ -n "$main" ] || { echo "README markers not found" >&2; exit 1; }
+[ -n "$main" ] || { echo "README marker 'src/main.rs' not found" >&2; exit 1; }
 
-export CARGO_TARGET_DIR="${NEW_PROJECT_TARGET:-$tmp/target}"
+target="${NEW_PROJECT_TARGET:-$tmp/target}"
+export CARGO_TARGET_DIR="$target/cpu"
 
-cargo new --quiet --vcs none --bin "$tmp/quickstart"
-# The README names the crate's folder as `../burn-dataparallel`; here it is this checkout.
-printf '%s\n' "$deps" | sed "s#\"\\.\\./burn-dataparallel\"#\"$repo\"#" |
-    grep -v '^\[dependencies\]$' >>"$tmp/quickstart/Cargo.toml"
-printf '%s\n' "$main" >"$tmp/quickstart/src/main.rs"
-cat "$tmp/quickstart/Cargo.toml"
+# A new project named $1 with the README's dependency block $2 (its `[dependencies]` line
+# dropped: `cargo new` wrote one), the crate's folder or URL replaced by $3, and program $4.
+project() {
+    local name=$1 deps source=$3 program=$4
+    deps=$(block "$2")
+    [ -n "$deps" ] || { echo "README marker '$2' not found" >&2; exit 1; }
+    cargo new --quiet --vcs none --bin "$tmp/$name"
+    printf '%s\n' "$deps" |
+        sed -e "s#path = \"\\.\\./burn-dataparallel\"#path = \"$repo\"#" \
+            -e "s#git = \"[^\"]*\"#git = \"$source\"#" |
+        grep -v '^\[dependencies\]$' >>"$tmp/$name/Cargo.toml"
+    printf '%s\n' "$program" >"$tmp/$name/src/main.rs"
+    cat "$tmp/$name/Cargo.toml"
+}
+
+project quickstart Cargo.toml "" "$main"
 (cd "$tmp/quickstart" && cargo run --quiet)
-echo "new project (README's dependency lines): built and ran"
+echo "new project (README's path form): built and ran"
+
+git clone --quiet --bare "$repo" "$tmp/repo.git"
+project git "git Cargo.toml" "file://$tmp/repo.git" "$main"
+(cd "$tmp/git" && cargo run --quiet)
+echo "new project (README's git form, a clone of HEAD): built and ran"
 
 # The `cargo add` path, the README's three commands: Burn first, then the downgrade, then
 # this crate.
 cargo new --quiet --vcs none --bin "$tmp/added"
-cd "$tmp/added"
-cargo add --quiet burn@0.21 --features train,flex
-cargo update --quiet -p systemstat --precise 0.2.7
-cargo add --quiet burn-dataparallel --path "$repo"
-printf '%s\n' "$main" >src/main.rs
-cargo run --quiet
+(
+    cd "$tmp/added"
+    cargo add --quiet burn@0.21 --features train,flex
+    cargo update --quiet -p systemstat --precise 0.2.7
+    cargo add --quiet burn-dataparallel --path "$repo"
+    printf '%s\n' "$main" >src/main.rs
+    cargo run --quiet
+)
 echo "new project (cargo add): built and ran"
+
+if [ "${NEW_PROJECT_CUDA:-1}" != 0 ]; then
+    project cuda "cuda Cargo.toml" "" "$(block 'cuda src/main.rs')"
+    (cd "$tmp/cuda" && CARGO_TARGET_DIR="$target/cuda" \
+        CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}" cargo check --quiet)
+    echo "new project (README's CUDA form): type-checks"
+fi

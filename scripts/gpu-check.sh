@@ -4,7 +4,7 @@
 #   scripts/gpu-check.sh build           # here: build the CUDA test, bench and example
 #                                        #       binaries into gpu-bundle/ (compressed;
 #                                        #       BUILD_BINARIES="backends train_step" for some)
-#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|repeat|vulkan|all]
+#   scripts/gpu-check.sh run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|repeat|vulkan|usage|all]
 #                                        # on the GPU machine, from the repository root:
 #                                        #       run them, write logs and the CubeCL caches
 #                                        #       to LOG_DIR, print a short table last
@@ -22,7 +22,8 @@
 # (`strategies` runs that one alone), and writes
 # LOG_DIR/train_step.csv, torch_models.csv and train_step.svg. `threads` runs the
 # autodiff_threads bench on CUDA: two threads on one GPU, and on two GPUs when there are.
-# `repeat` runs a test filter many times in fresh processes (REPEAT_FILTER, REPEAT_RUNS,
+# `usage` runs the examples and the README's CUDA program on USAGE_DEVICES, then the
+# exact-path bench. `repeat` runs a test filter many times in fresh processes (REPEAT_FILTER, REPEAT_RUNS,
 # REPEAT_JOBS; REPEAT_STREAMS=1 on one CubeCL stream per device) and counts its failures.
 # `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
 # devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
@@ -50,7 +51,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-gpu-bundle}
-BINARIES="backends half_precision kernels step_time concat learner_cnn cross_stream train_step autodiff_threads strategies host_staged"
+BINARIES="backends half_precision kernels step_time concat learner_cnn train_mlp readme_cuda cross_stream train_step autodiff_threads strategies host_staged exact_path"
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -62,18 +63,26 @@ build() {
     for bin in $wanted; do
         case $bin in
             backends | half_precision | kernels) tests+=(--test "$bin") ;;
-            step_time | concat | train_step | autodiff_threads | strategies | host_staged) benches+=(--bench "$bin") ;;
-            learner_cnn | cross_stream) examples+=(--example "$bin") ;;
+            step_time | concat | train_step | autodiff_threads | strategies | host_staged | exact_path) benches+=(--bench "$bin") ;;
+            learner_cnn | train_mlp | cross_stream | readme_cuda) examples+=(--example "$bin") ;;
             *) echo "unknown binary $bin" >&2 && exit 2 ;;
         esac
     done
     : >"$json"
+    # The README's CUDA program, as an example of this crate (removed after the build).
+    local readme=examples/readme_cuda.rs
+    [[ " ${examples[*]} " != *" readme_cuda "* ]] || awk '
+        $0 == "<!-- new project: cuda src/main.rs -->" { found = 1; next }
+        found && /^```/ { if (inside) exit; inside = 1; next }
+        inside { print }
+    ' README.md >"$readme"
     [ ${#tests[@]} -eq 0 ] || cargo test --release --features cuda "${tests[@]}" --no-run \
         --message-format=json >>"$json"
     [ ${#benches[@]} -eq 0 ] || cargo bench --features cuda "${benches[@]}" --no-run \
         --message-format=json >>"$json"
     [ ${#examples[@]} -eq 0 ] || cargo build --release --features cuda "${examples[@]}" \
         --message-format=json >>"$json"
+    rm -f "$readme"
     python3 - "$json" "$BUNDLE" <<'PY'
 import json, shutil, sys
 out = sys.argv[2]
@@ -191,6 +200,7 @@ run() {
         cold) cold_start "$logs" "$gpus" ;;
         threads) mode_threads ;;
         bench) mode_bench ;;
+        usage) mode_usage ;;
         *) echo "unknown mode $what" >&2 && return 2 ;;
     esac
 
@@ -230,6 +240,10 @@ run() {
     done
     [ -f "$logs/bench-host-staged.log" ] && grep -E '^(\||MLP|distinct)' "$logs/bench-host-staged.log"
     [ -f "$logs/example-4-replicas.log" ] && tail -4 "$logs/example-4-replicas.log"
+    for name in example-train-mlp example-learner-cnn readme-cuda; do
+        [ -f "$logs/$name.log" ] && { echo "$name:" && grep -E 'samples/s|accuracy|step [0-9]+:|training on' "$logs/$name.log" | tail -6; }
+    done
+    [ -f "$logs/bench-exact-path.log" ] && { grep -E '^\|' "$logs/bench-exact-path.log" || true; }
     echo
     cat "$table"
 }
@@ -238,7 +252,7 @@ case "${1:-}" in
     build) build ;;
     run) run "${2:-}" "${3:-all}" ;;
     *)
-        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|repeat|vulkan|all]" >&2
+        echo "usage: $0 build | run LOG_DIR [tests|kernels|bench|models|strategies|overlap|cold|multi|threads|trust|repeat|vulkan|usage|all]" >&2
         exit 2
         ;;
 esac

@@ -43,6 +43,22 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Every strategy, the bare Learner first.
+    pub const ALL: [Strategy; 7] = [
+        Strategy::Bare,
+        Strategy::WrapperLoop,
+        Strategy::WrapperLearner,
+        Strategy::WrapperLearnerUnsynced,
+        Strategy::MultiDeviceMain,
+        Strategy::MultiDeviceSharded,
+        Strategy::AllReduce,
+    ];
+
+    /// The strategy whose [`key`](Self::key) is `key`.
+    pub fn from_key(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.key() == key)
+    }
+
     /// The strategy's name in `STRATEGIES_ONLY`.
     pub fn key(self) -> &'static str {
         match self {

@@ -89,3 +89,17 @@ mode_bench() {
     # shellcheck disable=SC2086 # BENCH_ARGS is a list of backend names
     [ -n "${SKIP_STEP_TIME:-}" ] || step step-time "$bench_limit" ./step_time ${BENCH_ARGS:-}
 }
+
+mode_usage() {
+    # What a user runs first: the examples and the README's CUDA program on USAGE_DEVICES
+    # (cuda:0,cuda:0 by default: one GPU listed twice), then the exact path's cost
+    # (EXACT_PATH_ARGS: the models, mlp resnet18 by default).
+    local devices=${USAGE_DEVICES:-cuda:0,cuda:0}
+    step example-train-mlp "$bench_limit" ./train_mlp --devices "$devices"
+    step example-learner-cnn "$bench_limit" ./learner_cnn --devices "$devices"
+    # shellcheck disable=SC2046 # one argument per GPU index
+    step readme-cuda "$bench_limit" ./readme_cuda $(tr ',' ' ' <<<"${devices//cuda:/}")
+    # shellcheck disable=SC2086 # EXACT_PATH_ARGS is a list of models
+    step bench-exact-path "$bench_limit" ./exact_path ${EXACT_PATH_ARGS:-}
+}
+

@@ -96,9 +96,15 @@ mode_trust() {
             by_module "suite-fusion-$run" cuda_fusion "${FUSION_JOBS:-1}"
         done
     }
+    # The CubeBackend suite in f16, a process per file (HALF_RUNS times, 0 by default).
+    half_suites() {
+        for ((run = 1; run <= ${HALF_RUNS:-0}; run++)); do
+            by_module "suite-half-$run" cuda_cube_half "${SUITE_JOBS:-1}"
+        done
+    }
     # FRESH_ROUNDS=N instead: N rounds, each in a folder of its own with empty CubeCL caches
     # and an empty CUDA driver cache, as on a new machine; each runs the suites FRESH_SUITES
-    # names (cube, fusion; both by default) at once, a process per file (SUITE_JOBS and
+    # names (cube, fusion, half: CubeBackend in f16; cube and fusion by default) at once, a process per file (SUITE_JOBS and
     # FUSION_JOBS at a time, 8 by default; each file under TESTS_LIMIT, 540 s by default here);
     # rows suite-cube-freshR and suite-fusion-freshR.
     # FRESH_AT_ONCE=K runs K rounds at the same time (1): on fresh caches a round's time is
@@ -115,10 +121,12 @@ mode_trust() {
     elif [ "${TRUST_TOGETHER:-0}" = 1 ]; then
         cube_suites &
         fusion_suites &
+        half_suites &
         wait
     else
         cube_suites
         fusion_suites
+        half_suites
     fi
     local expected
     expected=$(cd "$work" && ./backends --list --ignored 2>/dev/null |
@@ -150,6 +158,7 @@ fresh_round() { # round
         case $suite in
             cube) by_module "suite-cube-fresh$round" cuda_cube "${SUITE_JOBS:-8}" & ;;
             fusion) by_module "suite-fusion-fresh$round" cuda_fusion "${FUSION_JOBS:-8}" & ;;
+            half) by_module "suite-half-fresh$round" cuda_cube_half "${SUITE_JOBS:-8}" & ;;
             *) echo "unknown suite $suite in FRESH_SUITES" >&2 ;;
         esac
     done
