@@ -116,9 +116,11 @@
 //!
 //! # Semantics
 //!
-//! - Shards are as even as possible (sizes differ by at most one, larger first), or follow
-//!   per-device [shard weights](DataParallelConfig::shard_weights). A batch smaller than the
-//!   device count uses fewer replicas.
+//! - Shards are as even as possible (sizes differ by at most one, larger first), follow
+//!   per-device [shard weights](DataParallelConfig::shard_weights), or follow the replicas'
+//!   measured times ([adaptive shards](DataParallelConfig::adaptive_shards)). A batch smaller
+//!   than the device count uses fewer replicas. Whatever the split, the losses are weighted
+//!   by the shards' shares, so gradients are the whole batch's.
 //! - After `backward`, outputs and gradients equal those of the bare model on the whole batch
 //!   (up to float rounding), for every layer whose output for one item does not depend on the
 //!   other items of the batch; a tracked input the replicas do not differentiate through gets
