@@ -159,8 +159,11 @@ run() {
     fi
     for bin in $BINARIES; do
         [ -f "$BUNDLE/$bin.xz" ] || continue
-        xz -dc "$BUNDLE/$bin.xz" >"$work/$bin"
-        chmod +x "$work/$bin"
+        # Through a new file: a binary a killed run's processes still execute cannot be
+        # overwritten in place, but can be replaced.
+        xz -dc "$BUNDLE/$bin.xz" >"$work/$bin.new"
+        chmod +x "$work/$bin.new"
+        mv -f "$work/$bin.new" "$work/$bin"
         # The same binary built from an older commit (COMPARE_BUNDLE), as NAME-before.
         [ -n "${COMPARE_BUNDLE:-}" ] && [ -f "$COMPARE_BUNDLE/$bin.xz" ] || continue
         xz -dc "$COMPARE_BUNDLE/$bin.xz" >"$work/$bin-before"

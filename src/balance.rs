@@ -8,12 +8,16 @@
 //! the one whose shards would finish together under those estimates (shares proportional to
 //! `1 / c_i`), moved to only when the current split's predicted finish times are further
 //! apart than `tolerance` (a new shard shape costs kernels compiling on GPU backends, and
-//! noise should not move rows back and forth). Every device keeps at least one row. A
-//! function of the timings alone: the same timings give the same split. Gradients are the
-//! bare model's whatever the split (the losses are weighted by the shards' shares).
+//! noise should not move rows back and forth). Every device keeps at least one row. A step is
+//! measured only when each of its shards has run with its size before: on GPU backends a new
+//! shard shape's first step holds the compiling and tuning of its kernels, which says nothing
+//! of the device's speed (measured, it drove the split to one row on one device of an H200).
+//! A function of the timings and the sizes run: the same give the same split. Gradients are
+//! the bare model's whatever the split (the losses are weighted by the shards' shares).
 //!
 //! [`DataParallelConfig::adaptive_shards`]: crate::DataParallelConfig::adaptive_shards
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -81,6 +85,8 @@ pub(crate) struct Balancer {
     weights: Vec<f64>,
     /// Per slot, the estimated seconds per row; `None` before its first measurement.
     costs: Vec<Option<f64>>,
+    /// The shard sizes each slot has run (slot, rows): a step of sizes run before is measured.
+    ran: HashSet<(usize, usize)>,
     /// The last step's measurements, not folded in yet.
     pending: Option<Arc<Measured>>,
 }
@@ -113,6 +119,7 @@ impl Balancer {
         Self {
             config,
             costs: vec![None; weights.len()],
+            ran: HashSet::new(),
             weights,
             pending: None,
         }
@@ -136,16 +143,24 @@ impl Balancer {
         ))
     }
 
-    /// Starts measuring a step whose shards go to `slots` with `rows` each; the measurements
-    /// are folded in when the next step is split.
-    pub(crate) fn measure(&mut self, slots: &[usize], rows: &[usize]) -> Arc<Measured> {
+    /// Starts measuring a step whose shards go to `slots` with `rows` each, if every slot
+    /// has run its size before (otherwise the step is not timed); the measurements are folded
+    /// in when the next step is split.
+    pub(crate) fn measure(&mut self, slots: &[usize], rows: &[usize]) -> Option<Arc<Measured>> {
+        let mut repeated = true;
+        for (&slot, &n) in slots.iter().zip(rows) {
+            repeated &= !self.ran.insert((slot, n));
+        }
+        if !repeated {
+            return None;
+        }
         let measured = Arc::new(Measured {
             slots: slots.to_vec(),
             rows: rows.to_vec(),
             times: Mutex::new(vec![Duration::ZERO; rows.len()]),
         });
         self.pending = Some(measured.clone());
-        measured
+        Some(measured)
     }
 
     /// Folds the last step's measurements into the estimates ([`next_costs`]) and the
@@ -263,9 +278,10 @@ mod tests {
                 let times: Vec<Duration> = (rows.iter().zip(*per_row))
                     .map(|(&n, &ms)| Duration::from_millis(n as u64 * ms))
                     .collect();
-                let measured = balancer.measure(&slots, &rows);
-                for (shard, time) in times.into_iter().enumerate() {
-                    measured.add(shard, time);
+                if let Some(measured) = balancer.measure(&slots, &rows) {
+                    for (shard, time) in times.into_iter().enumerate() {
+                        measured.add(shard, time);
+                    }
                 }
                 rows[0]
             })
@@ -273,24 +289,46 @@ mod tests {
     }
 
     /// A replica twice as slow per row ends up with a third of the batch, approaching it
-    /// from one side only (no oscillation) within five steps, and the split comes back when
-    /// the asymmetry goes.
+    /// from one side only (no oscillation) within nine steps (each new split's first step is
+    /// not measured), and the split comes back when the asymmetry goes.
     #[test]
     fn a_slower_replica_gets_fewer_rows() {
         let config = AdaptiveShardsConfig::new();
-        let slow: [&[u64]; 8] = [&[1, 2]; 8];
-        let history = run(&config, &slow, 600);
-        assert_eq!(history[0], 300, "{history:?}");
-        assert!(history.windows(2).all(|w| w[0] <= w[1]), "{history:?}");
+        let mut steps: Vec<&[u64]> = vec![&[1, 2]; 12];
+        steps.extend([&[1u64, 1][..]; 12]);
+        let history = run(&config, &steps, 600);
+        assert_eq!(
+            history[..2],
+            [300, 300],
+            "the first step is not measured: {history:?}"
+        );
         assert!(
-            history[5..].iter().all(|&n| (390..=410).contains(&n)),
+            history[..12].windows(2).all(|w| w[0] <= w[1]),
             "{history:?}"
         );
-        let mut both = slow.to_vec();
-        both.extend([&[1u64, 1][..]; 8]);
-        let history = run(&config, &both, 600);
-        assert!(history[8..].windows(2).all(|w| w[0] >= w[1]), "{history:?}");
-        assert!((290..=310).contains(&history[15]), "{history:?}");
+        assert!(
+            history[8..12].iter().all(|&n| (385..=410).contains(&n)),
+            "{history:?}"
+        );
+        assert!(
+            history[12..].windows(2).all(|w| w[0] >= w[1]),
+            "{history:?}"
+        );
+        assert!((290..=315).contains(&history[23]), "{history:?}");
+    }
+
+    /// A step of sizes not run before is not timed: a new split's first step waits.
+    #[test]
+    fn new_shard_sizes_are_not_measured() {
+        let mut balancer = Balancer::new(AdaptiveShardsConfig::new(), 2, None);
+        assert!(balancer.measure(&[0, 1], &[5, 5]).is_none());
+        assert!(balancer.measure(&[0, 1], &[5, 5]).is_some());
+        assert!(balancer.measure(&[0, 1], &[6, 4]).is_none());
+        assert!(
+            balancer.measure(&[0, 1], &[5, 4]).is_some(),
+            "both sizes ran before"
+        );
+        assert!(balancer.measure(&[0, 1], &[7, 3]).is_none());
     }
 
     /// Predicted finish times within the tolerance leave the split where it is.

@@ -202,8 +202,9 @@ impl<B: ConcatBackend> Step<B> {
             }
         }
         let sink = settings.profiler.start(shards.len());
-        let measured = (settings.balancer.as_ref())
-            .map(|balancer| balance::lock(balancer).measure(shards.replicas(), shards.sizes()));
+        let measured = (settings.balancer.as_ref()).and_then(|balancer| {
+            balance::lock(balancer).measure(shards.replicas(), shards.sizes())
+        });
         let workers = settings.workers.clone();
         let graphs = match &workers {
             Some(workers)

@@ -96,8 +96,9 @@ fn checked_step<B: DataParallelBackend>(
 }
 
 /// With lane 1 twice as slow per row, replica 0's share rises to about two thirds within
-/// five steps, one way (a step back of one row at most, where a sleep overran on a loaded
-/// machine); when the asymmetry goes, it comes back to about half.
+/// nine steps (a new split's first step is not measured), one way (a step back of one row at
+/// most: sleeps overrun on a loaded machine); when the asymmetry goes, it comes back to about
+/// half.
 fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
     let device: B::Device = Default::default();
     let micros = Arc::new([AtomicU64::new(1000), AtomicU64::new(2000)]);
@@ -107,7 +108,7 @@ fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
     };
     let adaptive = AdaptiveShardsConfig::new()
         .with_damping(0.5)
-        .with_tolerance(0.1);
+        .with_tolerance(0.15);
     let dp = DataParallelConfig::new()
         .with_adaptive_shards(Some(adaptive))
         .init(model, vec![device.clone(); 2])
@@ -118,22 +119,22 @@ fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
             random::<B, 2>([40, 4], &device),
         )
     };
-    let slow: Vec<usize> = (0..8).map(|_| checked_step(&dp, batch(), how)).collect();
+    let slow: Vec<usize> = (0..12).map(|_| checked_step(&dp, batch(), how)).collect();
     assert_eq!(slow[0], 20, "even before anything is measured: {slow:?}");
     assert!(
         slow.windows(2).all(|w| w[1] + 1 >= w[0]),
         "one way: {slow:?}"
     );
     let about = |n: &usize| (24..=29).contains(n);
-    assert!(slow[5..].iter().all(about), "about 27 of 40 rows: {slow:?}");
+    assert!(slow[8..].iter().all(about), "about 27 of 40 rows: {slow:?}");
 
     micros[1].store(1000, Ordering::Relaxed);
-    let even: Vec<usize> = (0..8).map(|_| checked_step(&dp, batch(), how)).collect();
+    let even: Vec<usize> = (0..12).map(|_| checked_step(&dp, batch(), how)).collect();
     assert!(
         even.windows(2).all(|w| w[1] <= w[0] + 1),
         "one way back: {even:?}"
     );
-    assert!((18..=22).contains(&even[7]), "about half again: {even:?}");
+    assert!((18..=22).contains(&even[11]), "about half again: {even:?}");
     let weights = dp.adaptive_weights().expect("adaptive");
     assert!(
         (weights.iter().sum::<f64>() - 1.0).abs() < 1e-9,
