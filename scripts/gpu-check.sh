@@ -28,7 +28,7 @@
 # `vulkan` runs the generic tests' `wgpu_distinct` cases and the host-staged bench on two wgpu
 # devices of the GPU through its Vulkan driver (WGPU_DEVICES, HOST_STAGED_ARGS).
 # `overlap` runs the train-step bench with the overlapped gradient reduce on and off, in
-# alternating processes. `trust` runs the cross-stream controls (examples/cross_stream/;
+# alternating processes. `trust` runs the cross-stream controls (upstream/cross_stream/;
 # CONTROLS="late" for one of them, CONTROL_COUNT rounds) and
 # the races' positive control (RACE_CONTROL_SECS),
 # the CubeBackend suite SUITE_RUNS times (10; with SUITE_JOBS=N a process per test file, N

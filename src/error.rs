@@ -248,7 +248,7 @@ pub enum DataParallelError {
     #[error(
         "Burn 0.21's Fusion backend in f16 (`burn_cuda::Cuda<f16>`) computes wrong outputs \
          when several forwards of different row counts are queued, as replicas do (the crate's \
-         tests/half_precision.rs reproduces it without the wrapper); train on \
+         upstream/half_precision.rs reproduces it without the wrapper); train on \
          `CubeBackend<CudaRuntime, f16>` (no fusion) or in f32, or set \
          `DataParallelConfig::allow_fusion_f16` to accept it"
     )]

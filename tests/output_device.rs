@@ -26,7 +26,7 @@ fn output_device_must_be_listed() {
 }
 
 /// Burn 0.21's `Fusion` in f16 computes wrong outputs with several forwards of different row
-/// counts queued (`tests/half_precision.rs`), as replicas do: such a wrapper is refused with a
+/// counts queued (`upstream/half_precision.rs`), as replicas do: such a wrapper is refused with a
 /// typed error naming the fault, unless the user accepts it explicitly. (A module without
 /// parameters: no device is touched.)
 #[test]

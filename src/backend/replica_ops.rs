@@ -33,7 +33,7 @@ pub trait ReplicaOps: Backend {
 
     /// Whether this backend is Burn 0.21's `Fusion` in f16, which computes wrong outputs when
     /// several forwards of different row counts are queued before one is read (the crate's
-    /// `tests/half_precision.rs` reproduces it without the wrapper), as replicas do.
+    /// `upstream/half_precision.rs` reproduces it without the wrapper), as replicas do.
     #[doc(hidden)]
     fn fusion_half_precision() -> bool {
         false

@@ -146,7 +146,7 @@ impl<B: Backend> Heads<B> {
     /// default (`sync_learner_steps`). The bare Learner's reference needs it on CUDA with
     /// `CubeBackend`: burn-train 0.21 reads every item on a thread of its own, hence on
     /// another CubeCL stream, which waits only for buffers allocated after its last wait
-    /// (`examples/cross_stream/`, `late`); in 14 of 88 runs of this file (one H200,
+    /// (`upstream/cross_stream/`, `late`); in 14 of 88 runs of this file (one H200,
     /// 2026-12-02) a logged value of an epoch's last batch differed while the parameters were
     /// right, in 7 of them the bare Learner's loss negative, which it cannot be; with CubeCL on
     /// one stream per device, 0 of 104 runs; with both sides synced, 0 of 48 (2026-12-03).

@@ -1,5 +1,5 @@
 //! CubeCL's cross-stream gaps on Burn 0.22.1 (CubeCL 0.11), `CubeBackend` on CUDA without
-//! fusion: the `reuse` and `late` controls of the crate's `examples/cross_stream/` (Burn 0.21,
+//! fusion: the `reuse` and `late` controls of the crate's `upstream/cross_stream/` (Burn 0.21,
 //! CubeCL 0.10), the same steps and the same table.
 //!
 //! - `reuse`: a buffer of the main thread's stream is read twice by a worker thread on its own
