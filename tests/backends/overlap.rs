@@ -38,7 +38,7 @@ fn bits(values: Option<Vec<f32>>) -> Option<Vec<u32>> {
     values.map(|v| v.into_iter().map(f32::to_bits).collect())
 }
 
-/// Asserts that every gradient has the same bits in both runs, naming the first that differs.
+/// Asserts that every gradient has the same bits in both runs, naming those that differ.
 ///
 /// Under Burn's `Fusion`, within the tolerance instead: the overlapped run orders the
 /// replicas' operations differently, Fusion fuses them into other kernels, and on fresh
@@ -49,37 +49,64 @@ fn assert_same_bits<B: Backend>(
     expected: &[Option<Vec<u32>>],
     bucket_size: usize,
 ) {
+    let what = format!("with buckets of {bucket_size} bytes");
+    let differences = differences::<B>(actual, expected, &what);
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+}
+
+/// What differs between two runs' gradients, a line per gradient: how many elements differ,
+/// how many are NaN on each side, and the first that differs (under `Fusion`, within the
+/// tolerance instead, panicking there).
+fn differences<B: Backend>(
+    actual: &[Option<Vec<u32>>],
+    expected: &[Option<Vec<u32>>],
+    what: &str,
+) -> Vec<String> {
     assert_eq!(actual.len(), expected.len());
     let fusion = std::any::type_name::<B>().contains("Fusion");
+    let mut lines = Vec::new();
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
         match (a, e) {
             (Some(a), Some(e)) if fusion => {
                 let floats = |v: &[u32]| v.iter().map(|b| f32::from_bits(*b)).collect::<Vec<_>>();
-                assert_close(
-                    &floats(a),
-                    &floats(e),
-                    &format!("gradient {i} with buckets of {bucket_size} bytes"),
-                );
+                assert_close(&floats(a), &floats(e), &format!("gradient {i} {what}"));
             }
             (Some(a), Some(e)) => {
-                if let Some(j) = (0..a.len()).find(|&j| a[j] != e[j]) {
-                    panic!(
-                        "gradient {i} differs with buckets of {bucket_size} bytes at {j}: {} \
-                         overlapped, {} after the backward",
+                let differ: Vec<usize> = (0..a.len()).filter(|&j| a[j] != e[j]).collect();
+                let nans = |v: &[u32]| v.iter().filter(|b| f32::from_bits(**b).is_nan()).count();
+                // Equal bits would let NaN match NaN: a reference that is not finite fails.
+                let infinite = e
+                    .iter()
+                    .filter(|b| !f32::from_bits(**b).is_finite())
+                    .count();
+                if infinite > 0 {
+                    lines.push(format!(
+                        "gradient {i} {what}: the reference holds {infinite} values that are \
+                         not finite"
+                    ));
+                }
+                if let Some(&j) = differ.first() {
+                    lines.push(format!(
+                        "gradient {i} {what}: {} of {} elements differ ({} NaN, against {} \
+                         NaN), the first at {j}: {}, against {}",
+                        differ.len(),
+                        a.len(),
+                        nans(a),
+                        nans(e),
                         f32::from_bits(a[j]),
                         f32::from_bits(e[j])
-                    );
+                    ));
                 }
             }
             (None, None) => {}
-            _ => panic!(
-                "gradient {i} is present in one run only (buckets of {bucket_size} bytes): \
-                 overlapped {}, after the backward {}",
+            _ => lines.push(format!(
+                "gradient {i} is present in one run only ({what}): {}, against {}",
                 a.is_some(),
                 e.is_some()
-            ),
+            )),
         }
     }
+    lines
 }
 
 /// Every gradient of one step of `ConvNet` through a wrapper: the parameters, a broadcast
@@ -144,9 +171,26 @@ fn overlapped_reduce_is_bit_identical_case<B: DataParallelBackend>() {
         after.iter().all(Option::is_some),
         "every tensor has a gradient"
     );
+    let mut report = Vec::new();
     for bucket_size in [0, 200, 1 << 20] {
         let overlapped = conv_step(&model, true, bucket_size, &data);
-        assert_same_bits::<B>(&overlapped, &after, bucket_size);
+        let what = format!("overlapped with buckets of {bucket_size} bytes");
+        report.extend(differences::<B>(&overlapped, &after, &what));
+    }
+    if !report.is_empty() {
+        // Whether the reduce after the backward, run again, still gives its first result:
+        // tells the overlap from kernels that changed between the runs.
+        let again = conv_step(&model, false, 1 << 20, &data);
+        report.extend(differences::<B>(
+            &again,
+            &after,
+            "after the backward, run again",
+        ));
+        panic!(
+            "the overlapped reduce differs from the reduce after the backward \
+             (against the first run after the backward):\n{}",
+            report.join("\n")
+        );
     }
 }
 
