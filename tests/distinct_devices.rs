@@ -195,3 +195,33 @@ fn host_staged_move() {
         );
     });
 }
+
+/// A host-staged move larger than one piece (`TransferOps::float_move` writes pieces of at
+/// most 1 MiB), through `backend::move_to` under `Autodiff`: the values arrive whole and in
+/// order, and the gradient comes back the same way.
+#[test]
+fn host_staged_move_in_pieces() {
+    let _one = one_at_a_time();
+    within("host_staged_move_in_pieces", || {
+        if skip_wgpu("host_staged_move_in_pieces") {
+            return;
+        }
+        // 2.4 pieces' worth, the last one partial.
+        let (rows, columns) = (3, 209_715);
+        let count = rows * columns;
+        let values: Vec<f32> = (0..count).map(|i| (i % 1_000_003) as f32).collect();
+        let data = burn::tensor::TensorData::new(values.clone(), [rows, columns]);
+        let x = Tensor::<Cube, 2>::from_data(data, &WgpuDevice::DefaultDevice).require_grad();
+        let moved = burn_dataparallel::backend::move_to(x.clone(), &WgpuDevice::Cpu);
+        assert_eq!(moved.device(), WgpuDevice::Cpu);
+        assert_eq!(moved.dims(), [rows, columns]);
+        let weights: Vec<f32> = (0..count).map(|i| (i % 7) as f32 - 3.0).collect();
+        let weights_data = burn::tensor::TensorData::new(weights.clone(), [rows, columns]);
+        let probe = Tensor::<Cube, 2>::from_data(weights_data, &WgpuDevice::Cpu);
+        assert_eq!(moved.clone().into_data().to_vec::<f32>().unwrap(), values);
+        let grads = (moved * probe).sum().backward();
+        let grad = x.grad(&grads).expect("the input's gradient");
+        assert_eq!(grad.device(), WgpuDevice::DefaultDevice);
+        assert_eq!(grad.into_data().to_vec::<f32>().unwrap(), weights);
+    });
+}

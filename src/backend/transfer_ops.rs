@@ -87,7 +87,9 @@ pub trait TransferOps: ConcatOps {
             let flat = burn::tensor::Tensor::<Self, 1>::from_primitive(
                 burn::tensor::TensorPrimitive::Float(flat),
             );
-            let moved = host_staged(flat, device).into_primitive().tensor();
+            let moved = host_staged_in_pieces(flat, device)
+                .into_primitive()
+                .tensor();
             return Self::float_reshape(moved, shape);
         }
         Self::fence_receive(device);
@@ -155,4 +157,38 @@ pub(crate) fn host_staged<B: Backend, const D: usize, K: burn::tensor::BasicOps<
     device: &B::Device,
 ) -> burn::tensor::Tensor<B, D, K> {
     burn::tensor::Tensor::from_data(tensor.into_data(), device)
+}
+
+/// The largest piece [`host_staged_in_pieces`] writes at once. wgpu stages every write in a
+/// buffer of its own, and one larger than its host memory blocks (4 to 32 MiB with the
+/// memory hints CubeCL's wgpu devices use) is a memory allocation of its own, made and freed
+/// per write: on one H200 through Vulkan, pieces of 1 MiB wrote 84 MB 3.6 times as fast as
+/// one write (`benches/RESULTS.md`).
+pub(crate) const HOST_STAGED_PIECE_BYTES: usize = 1 << 20;
+
+/// A flat float tensor moved as [`host_staged`] does, but written in pieces of at most
+/// [`HOST_STAGED_PIECE_BYTES`]: read whole, cut on the host, each piece written on `device`
+/// and the pieces joined there. Waits for the read.
+pub(crate) fn host_staged_in_pieces<B: Backend>(
+    flat: burn::tensor::Tensor<B, 1>,
+    device: &B::Device,
+) -> burn::tensor::Tensor<B, 1> {
+    let dtype = flat.dtype();
+    let size = dtype.size();
+    if flat.dims()[0] * size <= HOST_STAGED_PIECE_BYTES {
+        return host_staged(flat, device);
+    }
+    let data = flat.into_data();
+    let per_piece = (HOST_STAGED_PIECE_BYTES / size).max(1) * size;
+    let pieces = (data.as_bytes().chunks(per_piece))
+        .map(|piece| {
+            let data = burn::tensor::TensorData::from_bytes_vec(
+                piece.to_vec(),
+                [piece.len() / size],
+                dtype,
+            );
+            burn::tensor::Tensor::from_data(data, device)
+        })
+        .collect();
+    burn::tensor::Tensor::cat(pieces, 0)
 }
