@@ -19,6 +19,7 @@ impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
             module: self.module.clone(),
             settings: self.settings.clone(),
             own_states: self.own_states,
+            relocate: self.relocate,
         }
     }
 }
@@ -49,17 +50,19 @@ impl<B: Backend, M: Module<B>> Module<B> for DataParallel<B, M> {
     }
 
     fn fork(self, device: &B::Device) -> Self {
-        Self {
-            module: self.module.fork(device),
-            ..self
-        }
+        let module = match self.relocate {
+            Some(relocate) => relocate(self.module, device, true),
+            None => self.module.fork(device),
+        };
+        Self { module, ..self }
     }
 
     fn to_device(self, device: &B::Device) -> Self {
-        Self {
-            module: self.module.to_device(device),
-            ..self
-        }
+        let module = match self.relocate {
+            Some(relocate) => relocate(self.module, device, false),
+            None => self.module.to_device(device),
+        };
+        Self { module, ..self }
     }
 
     fn visit<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
@@ -93,6 +96,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             module: self.module.valid(),
             settings: self.settings.clone(),
             own_states: Some(own_inner_states::<B, M>),
+            relocate: None,
         }
     }
 
@@ -101,6 +105,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> AutodiffModule<B> for DataParalle
             module: M::from_inner(inner.module),
             settings: inner.settings,
             own_states: Some(own_states::<B, M>),
+            relocate: None,
         }
     }
 }

@@ -14,6 +14,31 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         &self.module
     }
 
+    /// The wrapped module, to change between steps or trainings: freeze a layer, load other
+    /// parameters, swap a submodule. The next step replicates it as it then is; keep its
+    /// parameters on the output device ([`output_device`](Self::output_device)).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use burn::backend::{Autodiff, Flex};
+    /// use burn::module::Module;
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn_dataparallel::DataParallel;
+    ///
+    /// type B = Autodiff<Flex>;
+    /// let device = Default::default();
+    /// let model: Linear<B> = LinearConfig::new(4, 2).init(&device);
+    /// let mut dp = DataParallel::new(model, vec![device; 2]).unwrap();
+    /// // Freeze the layer between two trainings.
+    /// let frozen = dp.module().clone().no_grad();
+    /// *dp.module_mut() = frozen;
+    /// assert!(!dp.module().weight.val().is_require_grad());
+    /// ```
+    pub fn module_mut(&mut self) -> &mut M {
+        &mut self.module
+    }
+
     /// Unwraps the module, for saving, inference or further training without the wrapper.
     pub fn into_inner(self) -> M {
         self.module

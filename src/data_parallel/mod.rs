@@ -9,7 +9,7 @@ use crate::backend::ConcatBackend;
 use crate::config::DataParallelConfig;
 use crate::config::Settings;
 use crate::error::DataParallelError;
-use crate::replicate::initialize;
+use crate::replicate::{MoveModule, initialize, move_module};
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
@@ -59,6 +59,9 @@ pub struct DataParallel<B: Backend, M> {
     /// Gives replicas on other devices running states of their own (see
     /// [`with_running_states_per_device`](Self::with_running_states_per_device)).
     pub(crate) own_states: Option<OwnStates<M>>,
+    /// How `fork` and `to_device` move the module (see [`move_module`]); Burn's own where
+    /// unset.
+    pub(crate) relocate: Option<MoveModule<M, B::Device>>,
 }
 
 impl DataParallelConfig {
@@ -106,11 +109,15 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     }
 
     /// The wrapper of `module` with `settings`.
-    pub(crate) fn from_settings(module: M, settings: Settings<B::Device>) -> Self {
+    pub(crate) fn from_settings(module: M, settings: Settings<B::Device>) -> Self
+    where
+        B: ConcatBackend,
+    {
         Self {
-            module: on_device(module, &settings.output_device),
+            module: on_device(module, &settings.output_device, Some(move_module::<B, M>)),
             settings,
             own_states: None,
+            relocate: Some(move_module::<B, M>),
         }
     }
 
@@ -127,7 +134,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
                 devices: format!("{:?}", self.settings.devices),
             });
         }
-        self.module = on_device(self.module, &device);
+        self.module = on_device(self.module, &device, self.relocate);
         self.settings.output_device = device;
         Ok(self)
     }
@@ -201,11 +208,16 @@ pub(crate) fn own_inner_states<B: AutodiffBackend, M: AutodiffModule<B>>(
 }
 
 /// Initialises `module`'s lazy parameters and forks it to `device` unless it is all there.
-fn on_device<B: Backend, M: Module<B>>(module: M, device: &B::Device) -> M {
+fn on_device<B: Backend, M: Module<B>>(
+    module: M,
+    device: &B::Device,
+    relocate: Option<MoveModule<M, B::Device>>,
+) -> M {
     initialize(&module);
-    match module.devices().as_slice() {
-        [] => module,
-        [only] if only == device => module,
-        _ => module.fork(device),
+    match (module.devices().as_slice(), relocate) {
+        ([], _) => module,
+        ([only], _) if only == device => module,
+        (_, Some(relocate)) => relocate(module, device, true),
+        (_, None) => module.fork(device),
     }
 }

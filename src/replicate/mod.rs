@@ -18,6 +18,7 @@ use crate::running_states::{OwnStates, RunningStates};
 mod transfer;
 
 use transfer::move_parameters;
+pub(crate) use transfer::{MoveModule, move_module};
 
 /// Default size of one coalesced parameter transfer: 25 MiB.
 pub const DEFAULT_BUCKET_SIZE: usize = 25 * 1024 * 1024;

@@ -52,6 +52,62 @@ pub(super) fn move_parameters<B: ConcatBackend, M: Module<B>>(
     module.clone().map(&mut MoveTo { device, arrived })
 }
 
+/// How a wrapper moves its whole module to another device (`Module::fork` when the flag is
+/// true, `Module::to_device` when false), chosen where the backend is known.
+pub(crate) type MoveModule<M, D> = fn(M, &D, bool) -> M;
+
+/// `module` forked (`fork`: parameters become fresh leaves there) or moved to `device`:
+/// Burn's own `fork` and `to_device` where the backend copies between devices, the crate's
+/// transfers through host memory where Burn 0.21 does not
+/// ([`TransferOps::host_staged_transfers`](crate::TransferOps::host_staged_transfers)), so
+/// that burn-train's Learner can move a wrapper to another wgpu device.
+pub(crate) fn move_module<B: ConcatBackend, M: Module<B>>(
+    module: M,
+    device: &B::Device,
+    fork: bool,
+) -> M {
+    match (B::host_staged_transfers(), fork) {
+        (false, true) => module.fork(device),
+        (false, false) => module.to_device(device),
+        (true, _) => module.map(&mut Relocate { device, fork }),
+    }
+}
+
+/// Moves every parameter through the crate's transfers ([`move_module`]).
+struct Relocate<'a, D> {
+    device: &'a D,
+    fork: bool,
+}
+
+impl<B: ConcatBackend> ModuleMapper<B> for Relocate<'_, B::Device> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (device, fork) = (self.device, self.fork);
+        param.map(|tensor| match fork {
+            true => {
+                let grad = tensor.is_require_grad();
+                // Detached after the move too: the move of a tracked backend makes a node.
+                let moved = comm::move_to(tensor.detach(), device).detach();
+                if grad { moved.require_grad() } else { moved }
+            }
+            false => comm::move_to(tensor, device),
+        })
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        param.map(|tensor| comm::move_to(tensor, self.device))
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        param.map(|tensor| comm::move_to(tensor, self.device))
+    }
+}
+
 /// Whether every parameter of `module` is on `device` already (a [`move_parameters`] to it
 /// would move nothing).
 pub(super) fn is_on<B: Backend, M: Module<B>>(module: &M, device: &B::Device) -> bool {

@@ -28,6 +28,7 @@ use crate::data_parallel::own_states;
 use crate::error::DataParallelError;
 use crate::gather::{Gather, Mean, Sum};
 use crate::profile::Stage;
+use crate::replicate::MoveModule;
 use crate::running_states::OwnStates;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
@@ -186,6 +187,7 @@ struct Bare<B: AutodiffBackend, B2, M, O> {
     optim: O,
     settings: Settings<B::Device>,
     own_states: Option<OwnStates<M>>,
+    relocate: Option<MoveModule<M, B::Device>>,
     _backend: PhantomData<B2>,
 }
 
@@ -195,6 +197,7 @@ impl<B: AutodiffBackend, B2, M, O: Clone> Clone for Bare<B, B2, M, O> {
             optim: self.optim.clone(),
             settings: self.settings.clone(),
             own_states: self.own_states,
+            relocate: self.relocate,
             _backend: PhantomData,
         }
     }
@@ -206,6 +209,7 @@ impl<B: AutodiffBackend, B2, M, O: Clone> Bare<B, B2, M, O> {
             optim: optim.clone(),
             settings: dp.settings,
             own_states: dp.own_states,
+            relocate: dp.relocate,
             _backend: PhantomData,
         };
         (dp.module, bare)
@@ -216,6 +220,7 @@ impl<B: AutodiffBackend, B2, M, O: Clone> Bare<B, B2, M, O> {
             module,
             settings: self.settings.clone(),
             own_states: self.own_states,
+            relocate: self.relocate,
         }
     }
 

@@ -24,6 +24,8 @@ mod learner;
 #[cfg(feature = "train")]
 mod learner_steps;
 #[cfg(feature = "train")]
+mod learner_usage;
+#[cfg(feature = "train")]
 mod loss_weights;
 mod overlap;
 mod races;
