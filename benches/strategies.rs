@@ -305,7 +305,7 @@ const RESULT: &str = "STRATEGIES_RESULT";
 
 /// One round in a process of its own (this bench, with `STRATEGIES_CHILD`): a device fault
 /// there fails this round alone. Its stderr passes through; a failure is its exit status and
-/// the last line it wrote.
+/// its first panic's message (or the last line it wrote).
 fn child_round(model: &str, strategy: Strategy, replicas: usize) -> Result<Round, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let child = std::process::Command::new(exe)
@@ -324,12 +324,14 @@ fn child_round(model: &str, strategy: Strategy, replicas: usize) -> Result<Round
     match (child.status.success(), line) {
         (true, Some(line)) => parse_round(line.trim()).ok_or_else(|| format!("unreadable: {line}")),
         _ => {
-            let last = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            Err(format!("{} ({})", child.status, last.trim()))
+            // The first panic's message (the line after "panicked at"), else the last line.
+            let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+            let panic = lines.iter().position(|l| l.contains("panicked at"));
+            let reason = match panic {
+                Some(at) => lines.get(at + 1).copied().unwrap_or(lines[at]),
+                None => lines.last().copied().unwrap_or(""),
+            };
+            Err(format!("{} ({})", child.status, reason.trim()))
         }
     }
 }
