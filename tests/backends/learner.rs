@@ -1,7 +1,6 @@
 //! The wrapper trains through burn-train's `Learner` exactly like the bare model.
 
-use burn::data::dataloader::{DataLoaderBuilder, batcher::Batcher};
-use burn::data::dataset::InMemDataset;
+use burn::data::dataloader::batcher::Batcher;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -116,17 +115,7 @@ pub(crate) use silent::quiet_training;
 fn learner_matches_bare<B: DataParallelBackend>() {
     relax_for_adam();
     let device = B::Device::default();
-    let loaders = || {
-        let train = DataLoaderBuilder::new(ImageBatcher)
-            .batch_size(10)
-            .set_device(device.clone())
-            .build(InMemDataset::new(items(40, 1)));
-        let valid = DataLoaderBuilder::new(ImageBatcher)
-            .batch_size(7)
-            .set_device(device.clone())
-            .build(InMemDataset::new(items(14, 2)));
-        (train, valid)
-    };
+    let loaders = || super::learner_usage::loaders::<B>(&device);
     let dir = tempfile::tempdir().unwrap();
 
     let dp = DataParallel::new(ConvNet::<B>::new(&device), devices::<B>(3)).unwrap();

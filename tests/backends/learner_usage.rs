@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::learner::{ImageBatch, ImageBatcher, Silent, items, quiet_training};
 use crate::common::*;
 
-type Loaders<B> = (
+pub(crate) type Loaders<B> = (
     Arc<dyn DataLoader<B, ImageBatch<B>>>,
     Arc<
         dyn DataLoader<
@@ -25,8 +25,9 @@ type Loaders<B> = (
     >,
 );
 
-/// The training and validation loaders of the Learner tests, on `device`.
-fn loaders<B: DataParallelBackend>(device: &B::Device) -> Loaders<B> {
+/// The training and validation loaders of the Learner tests, on `device`: 40 images in
+/// batches of 10, 14 in batches of 7.
+pub(crate) fn loaders<B: DataParallelBackend>(device: &B::Device) -> Loaders<B> {
     let train = DataLoaderBuilder::new(ImageBatcher)
         .batch_size(10)
         .set_device(device.clone())
