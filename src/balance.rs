@@ -24,7 +24,7 @@ use std::time::Duration;
 use burn::config::Config;
 
 use crate::error::DataParallelError;
-use crate::shards::shard_sizes;
+use crate::shards::sizes::shard_sizes;
 
 /// How the split follows the replicas' measured times
 /// ([`DataParallelConfig::adaptive_shards`](crate::DataParallelConfig::adaptive_shards)).

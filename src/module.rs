@@ -10,7 +10,7 @@ use burn::module::{
 };
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
-use crate::DataParallel;
+use crate::data_parallel::DataParallel;
 use crate::data_parallel::{own_inner_states, own_states};
 
 impl<B: Backend, M: Clone> Clone for DataParallel<B, M> {
