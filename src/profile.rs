@@ -280,6 +280,7 @@ pub(crate) enum Stage {
     RunningStates,
     Gather,
     /// The replicas' own training steps' gradients summed (the Learner's path).
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
     Combine,
 }
 
