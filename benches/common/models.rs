@@ -299,4 +299,15 @@ impl<B: burn_dataparallel::ConcatBackend> burn_dataparallel::Scatter<B> for Inpu
                 .collect(),
         }
     }
+
+    /// Every variant is one tensor split by its own `Scatter`: the forward's fast path
+    /// applies (without this, every bench using `Input` would run the exact path).
+    fn scatters_every_tensor(&self) -> bool {
+        use burn_dataparallel::Scatter;
+        match self {
+            Input::Features(x) => Scatter::<B>::scatters_every_tensor(x),
+            Input::Images(x) => Scatter::<B>::scatters_every_tensor(x),
+            Input::Tokens(x) => Scatter::<B>::scatters_every_tensor(x),
+        }
+    }
 }

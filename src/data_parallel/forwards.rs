@@ -207,9 +207,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// other, each on its device's worker thread (their device work still overlaps), and the
     /// caller's `backward()` runs every replica's backward in that graph, on the calling
     /// thread: the parallel backward of [`forward_with`](Self::forward_with) is given up for
-    /// this step, whatever the settings. So far that cost the step nothing beyond its spread
-    /// (an MLP and ResNet-18, two replicas sharing the device, on the CPU and on one H200;
-    /// `benches/RESULTS.md`, "the exact path").
+    /// this step, whatever the settings: the backward runs on one thread instead of one per
+    /// replica. What that costs is measured in the crate's benchmark results
+    /// (`benches/RESULTS.md`, "the exact path").
     ///
     /// What the closure captures stays on its own device, and Burn does not check the devices
     /// of every operation, so this form runs only replicas on the output device (several
