@@ -435,8 +435,8 @@ fn conv_gradients<B: burn::tensor::backend::AutodiffBackend>(rows: usize) -> Vec
 /// batch size, against f32 on the CPU, on one thread and then on three threads at once (each
 /// thread a CubeCL stream of its own).
 ///
-/// On empty CubeCL caches this fails in about half of the processes (3 of 6 on one H200,
-/// 2026-12-04): there, every 7-row step's gradients are wrong (by up to a quarter of their
+/// On empty CubeCL caches this fails in about half of the processes (`benches/RESULTS.md`,
+/// "`CubeBackend` f16's gradients on fresh caches"): there, every 7-row step's gradients are wrong (by up to a quarter of their
 /// size, some `NaN`), on one thread as on three, in every run of the process, while the 5-
 /// and 3-row steps are right; in the other processes all are right. So a kernel chosen by CubeCL 0.10's autotune
 /// for a shape of the 7-row step computes wrong values in f16, with no `DataParallel`

@@ -162,8 +162,8 @@ pub(crate) fn host_staged<B: Backend, const D: usize, K: burn::tensor::BasicOps<
 /// The largest piece [`host_staged_in_pieces`] writes at once. wgpu stages every write in a
 /// buffer of its own, and one larger than its host memory blocks (4 to 32 MiB with the
 /// memory hints CubeCL's wgpu devices use) is a memory allocation of its own, made and freed
-/// per write: on one H200 through Vulkan, pieces of 1 MiB wrote 84 MB 3.6 times as fast as
-/// one write (`benches/RESULTS.md`).
+/// per write; pieces of 1 MiB were the fastest measured (`benches/RESULTS.md`, "where a
+/// host-staged move's time goes").
 pub(crate) const HOST_STAGED_PIECE_BYTES: usize = 1 << 20;
 
 /// A flat float tensor moved as [`host_staged`] does, but written in pieces of at most

@@ -49,7 +49,11 @@ pub(super) fn move_parameters<B: ConcatBackend, M: Module<B>>(
             arrived.insert(outgoing[i].id, piece);
         }
     }
-    module.clone().map(&mut MoveTo { device, arrived })
+    module.clone().map(&mut MoveTo {
+        device,
+        arrived,
+        fork: false,
+    })
 }
 
 /// How a wrapper moves its whole module to another device (`Module::fork` when the flag is
@@ -69,42 +73,11 @@ pub(crate) fn move_module<B: ConcatBackend, M: Module<B>>(
     match (B::host_staged_transfers(), fork) {
         (false, true) => module.fork(device),
         (false, false) => module.to_device(device),
-        (true, _) => module.map(&mut Relocate { device, fork }),
-    }
-}
-
-/// Moves every parameter through the crate's transfers ([`move_module`]).
-struct Relocate<'a, D> {
-    device: &'a D,
-    fork: bool,
-}
-
-impl<B: ConcatBackend> ModuleMapper<B> for Relocate<'_, B::Device> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (device, fork) = (self.device, self.fork);
-        param.map(|tensor| match fork {
-            true => {
-                let grad = tensor.is_require_grad();
-                // Detached after the move too: the move of a tracked backend makes a node.
-                let moved = comm::move_to(tensor.detach(), device).detach();
-                if grad { moved.require_grad() } else { moved }
-            }
-            false => comm::move_to(tensor, device),
-        })
-    }
-
-    fn map_int<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Int>>,
-    ) -> Param<Tensor<B, D, Int>> {
-        param.map(|tensor| comm::move_to(tensor, self.device))
-    }
-
-    fn map_bool<const D: usize>(
-        &mut self,
-        param: Param<Tensor<B, D, Bool>>,
-    ) -> Param<Tensor<B, D, Bool>> {
-        param.map(|tensor| comm::move_to(tensor, self.device))
+        (true, _) => module.map(&mut MoveTo {
+            device,
+            arrived: HashMap::new(),
+            fork,
+        }),
     }
 }
 
@@ -181,17 +154,26 @@ impl<B: ConcatBackend> ModuleVisitor<B> for Collect<'_, B> {
     }
 }
 
-/// Puts the moved float parameters in place and moves the rest one by one.
+/// Puts the moved float parameters in place and moves the rest one by one; with `fork`, the
+/// float parameters moved here become fresh leaves there, as Burn's `Module::fork` makes them.
 struct MoveTo<'a, B: ConcatBackend> {
     device: &'a B::Device,
     arrived: HashMap<ParamId, FloatTensor<B>>,
+    fork: bool,
 }
 
 impl<B: ConcatBackend> ModuleMapper<B> for MoveTo<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (device, fork) = (self.device, self.fork);
         match self.arrived.remove(&param.id) {
             Some(moved) => param.map(|_| Tensor::from_primitive(TensorPrimitive::Float(moved))),
-            None => param.map(|tensor| comm::move_to(tensor, self.device)),
+            None if fork => param.map(|tensor| {
+                let grad = tensor.is_require_grad();
+                // Detached after the move too: the move of a tracked backend makes a node.
+                let moved = comm::move_to(tensor.detach(), device).detach();
+                if grad { moved.require_grad() } else { moved }
+            }),
+            None => param.map(|tensor| comm::move_to(tensor, device)),
         }
     }
 
