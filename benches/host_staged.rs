@@ -14,10 +14,13 @@
 //!
 //! `large` trains the MLP 1024-4096-4096-10 at batch 512 (a GPU's size); the default is
 //! 256-512-512-10 at batch 64 (lavapipe's). `HOST_STAGED_ROUNDS` (5) rounds of
-//! `HOST_STAGED_STEPS` (10) timed steps per configuration, after a warm-up round. Prints, per
-//! configuration, the median step and the range of the rounds' medians, the bytes moved
-//! between devices per step (`bytes_moved`), and the stage profile of one profiled step;
-//! the last table compares the distinct devices with one device.
+//! `HOST_STAGED_STEPS` (10) timed steps per configuration, after `HOST_STAGED_WARMUP` (3)
+//! untimed ones. Prints, per configuration, the median step and the range of the rounds'
+//! medians, the CPU time per step of the calling thread and of the whole process (a step
+//! whose calling thread is busy all along is bound by the host's work, not the device's),
+//! the bytes moved between devices per step (`bytes_moved`), each round's median, and the
+//! stage profile of one profiled step; the last table compares the distinct devices with one
+//! device.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +43,9 @@ use measure::{median, positional_args};
 #[path = "common/models.rs"]
 mod models;
 use models::Mlp;
+#[path = "common/thread_cpu.rs"]
+mod thread_cpu;
+use thread_cpu::{process_cpu, thread_cpu};
 #[path = "../tests/common/wgpu_devices.rs"]
 mod wgpu_devices;
 
@@ -144,6 +150,7 @@ fn main() {
             .unwrap_or(default)
     };
     let (rounds, steps) = (env("HOST_STAGED_ROUNDS", 5), env("HOST_STAGED_STEPS", 10));
+    let warmup = env("HOST_STAGED_WARMUP", 3);
     let distinct = wgpu_devices::wgpu_devices();
     let first = distinct[0].clone();
     if args.iter().any(|a| a == "transfer") {
@@ -186,28 +193,43 @@ fn main() {
         .collect();
     // Warm-up: compilation and autotune for every configuration.
     for run in &mut runs {
-        for _ in 0..3 {
+        for _ in 0..warmup {
             run.step();
+        }
+        if let Some(weights) = run.wrapper().and_then(DataParallel::adaptive_weights) {
+            println!("adaptive weights after the warm-up: {weights:?}");
         }
     }
     let mut medians: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];
     let mut moved: Vec<u64> = vec![0; runs.len()];
+    let mut cpu = vec![(Duration::ZERO, Duration::ZERO); runs.len()];
     for _ in 0..rounds {
         for (c, run) in runs.iter_mut().enumerate() {
             let before = bytes_moved();
+            let cpu_before = (thread_cpu(), process_cpu());
             let mut times = Vec::with_capacity(steps);
             for _ in 0..steps {
                 let start = Instant::now();
                 run.step();
                 times.push(start.elapsed());
             }
+            if let ((Some(t0), Some(p0)), Some(t1), Some(p1)) =
+                (cpu_before, thread_cpu(), process_cpu())
+            {
+                cpu[c].0 += t1 - t0;
+                cpu[c].1 += p1 - p0;
+            }
             moved[c] += bytes_moved() - before;
             medians[c].push(median(times));
         }
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!("| configuration | step (median of rounds) | rounds' range | bytes moved per step |");
-    println!("|---|---|---|---|");
+    println!(
+        "| configuration | step (median of rounds) | rounds' range | CPU per step: calling \
+         thread, process | bytes moved per step |"
+    );
+    println!("|---|---|---|---|---|");
+    let per_step = |d: Duration| ms(d) / (rounds * steps) as f64;
     let mut summary = Vec::new();
     for (c, config) in configs.iter().enumerate() {
         let lo = medians[c].iter().min().copied().unwrap_or_default();
@@ -215,13 +237,22 @@ fn main() {
         let mid = median(medians[c].clone());
         summary.push((mid, lo, hi));
         println!(
-            "| {} | {:.2} ms | {:.2}-{:.2} ms | {} |",
+            "| {} | {:.2} ms | {:.2}-{:.2} ms | {:.2}, {:.2} ms | {} |",
             config.label,
             ms(mid),
             ms(lo),
             ms(hi),
+            per_step(cpu[c].0),
+            per_step(cpu[c].1),
             moved[c] / (rounds * steps) as u64
         );
+    }
+    for (c, config) in configs.iter().enumerate() {
+        let each: Vec<String> = medians[c]
+            .iter()
+            .map(|d| format!("{:.2}", ms(*d)))
+            .collect();
+        println!("rounds' medians, {}: {} ms", config.label, each.join(", "));
     }
     // One profiled step of each wrapper configuration: where the distinct devices' time goes.
     for (c, run) in runs.iter_mut().enumerate() {

@@ -32,6 +32,7 @@ mod measure;
 use measure::{list_from_env, median, positional_args};
 #[path = "common/models.rs"]
 mod models;
+#[allow(dead_code)]
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 use models::*;

@@ -69,6 +69,7 @@ mod silent;
 mod spread;
 #[path = "common/strategy_runs.rs"]
 mod strategy_runs;
+#[allow(dead_code)]
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 use learner_steps::*;

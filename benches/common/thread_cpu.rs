@@ -17,3 +17,20 @@ pub fn thread_cpu() -> Option<Duration> {
     #[cfg(not(unix))]
     None
 }
+
+/// CPU time the whole process has used (all its threads, the GPU driver's included), where
+/// the platform tells (Unix).
+pub fn process_cpu() -> Option<Duration> {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for the call to write.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0;
+        ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+    #[cfg(not(unix))]
+    None
+}

@@ -8,9 +8,10 @@
 //! device's own work), and read as slowness it would take rows from the smaller shard until
 //! one device had a single row. Until a slot has run two sizes, its time is taken as all per
 //! row. The split is the one whose shards would finish together under those lines, moved to
-//! only when the current split's predicted finish times are further apart than `tolerance`
+//! only when that brings the slowest predicted finish forward by more than `tolerance` of it,
 //! or three times the slots' measured noise (a new shard shape costs kernels compiling on GPU
-//! backends, and noise should not move rows back and forth), no shard more than doubled or halved in one move, every device
+//! backends, noise should not move rows back and forth, and a device late by a cost no split
+//! removes keeps its rows), no shard more than doubled or halved in one move, every device
 //! keeping a row. A step is measured only when each of its shards has run with its size
 //! before: on GPU backends a new shard shape's first step holds the compiling and tuning of
 //! its kernels, which says nothing of the device's speed. A function of the timings and the
@@ -56,10 +57,10 @@ pub struct AdaptiveShardsConfig {
     /// follows every step (and every fluctuation), smaller values average over more steps.
     #[config(default = 0.5)]
     pub damping: f64,
-    /// How far apart the replicas' predicted finish times may be, relative to the slowest,
-    /// before the split moves (or three times the devices' measured noise, where more): a
-    /// new shard shape costs compiling and tuning kernels on GPU backends, so small
-    /// differences are left alone.
+    /// How much sooner, relative to it, the slowest replica has to be predicted to finish
+    /// under a new split for the split to move (or three times the devices' measured noise,
+    /// where more): a new shard shape costs compiling and tuning kernels on GPU backends, so
+    /// small gains are left alone.
     #[config(default = 0.05)]
     pub tolerance: f64,
 }
@@ -198,8 +199,9 @@ impl Balancer {
 
 /// The split of `total` rows for the slots' time `lines`: among the slots with a line, the
 /// rows they hold together shared so that they would finish together (each keeping a row,
-/// no shard more than doubled or halved in one move), unless the current `weights` already
-/// finish within `tolerance` of each other. Slots without a line keep their weight.
+/// no shard more than doubled or halved in one move), unless that move would bring the
+/// slowest predicted finish forward by `tolerance` of it or less. Slots without a line keep
+/// their weight.
 pub(crate) fn next_weights(
     weights: &[f64],
     lines: &[Option<Line>],
@@ -216,14 +218,11 @@ pub(crate) fn next_weights(
         .iter()
         .map(|&(slot, _)| weights[slot] * total)
         .collect();
-    let finish: Vec<f64> = (known.iter().zip(&rows))
-        .map(|((_, line), &n)| line.at(n))
-        .collect();
-    let slowest = finish.iter().copied().fold(0.0, f64::max);
-    let fastest = finish.iter().copied().fold(f64::INFINITY, f64::min);
-    if slowest - fastest <= tolerance * slowest {
-        return weights.to_vec();
-    }
+    let slowest = |rows: &[f64]| {
+        (known.iter().zip(rows))
+            .map(|((_, line), &n)| line.at(n))
+            .fold(0.0, f64::max)
+    };
     let held: f64 = rows.iter().sum();
     let known_lines: Vec<Line> = known.iter().map(|&(_, line)| line).collect();
     let target = equal_finish(&known_lines, held);
@@ -236,9 +235,18 @@ pub(crate) fn next_weights(
             reach = reach.min(0.5 * from / (from - to));
         }
     }
+    let moved: Vec<f64> = (target.iter().zip(&rows))
+        .map(|(&to, &from)| from + reach * (to - from))
+        .collect();
+    // A move the lines say saves less than `tolerance` of the slowest finish is not made:
+    // a device late by a cost no split removes (its inputs arriving) keeps its rows.
+    let (now, then) = (slowest(&rows), slowest(&moved));
+    if now - then <= tolerance * now {
+        return weights.to_vec();
+    }
     let mut next = weights.to_vec();
-    for ((&(slot, _), &to), &from) in known.iter().zip(&target).zip(&rows) {
-        next[slot] = (from + reach * (to - from)) / total;
+    for (&(slot, _), n) in known.iter().zip(moved) {
+        next[slot] = n / total;
     }
     normalized(&next)
 }

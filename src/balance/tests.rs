@@ -81,14 +81,15 @@ fn a_fixed_cost_does_not_drift_the_split() {
 }
 
 /// With a fixed cost per step, a replica twice as slow per row gets the rows under which
-/// both finish together, approached from one side; an output device with more fixed work
-/// gets fewer rows (within eight steps).
+/// both finish together (to within the step time `tolerance` saves: 390 rows where 400 finish
+/// together, the step 4.3 % longer), approached from one side; an output device with more
+/// fixed work gets fewer rows (within eight steps).
 #[test]
 fn fixed_costs_are_balanced_too() {
     let history = run(12, 2, 600, |_, slot, n| 0.05 + 1e-3 * (1 + slot) as f64 * n);
     assert!(history.windows(2).all(|w| w[0] <= w[1]), "{history:?}");
     assert!(
-        history[6..].iter().all(|&n| (398..=402).contains(&n)),
+        history[4..].iter().all(|&n| (385..=402).contains(&n)),
         "{history:?}"
     );
     let history = run(
@@ -118,7 +119,8 @@ fn new_shard_sizes_are_not_measured() {
     assert!(balancer.measure(&[0, 1], &[7, 3]).is_none());
 }
 
-/// Predicted finish times within the tolerance leave the split where it is.
+/// A move that would bring the slowest finish forward by the tolerance or less is not made
+/// (here 2.8 %: 6 against 5.83).
 #[test]
 fn close_finish_times_move_nothing() {
     let weights = vec![0.6, 0.4];
@@ -129,8 +131,8 @@ fn close_finish_times_move_nothing() {
         })
     };
     let lines = vec![per_row(1.0), per_row(1.4)];
-    assert_eq!(next_weights(&weights, &lines, 10.0, 0.1), weights);
-    assert_ne!(next_weights(&weights, &lines, 10.0, 0.05), weights);
+    assert_eq!(next_weights(&weights, &lines, 10.0, 0.05), weights);
+    assert_ne!(next_weights(&weights, &lines, 10.0, 0.02), weights);
 }
 
 /// Slots without a line keep their weight; no shard more than doubles in one move.
