@@ -28,10 +28,6 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
 
-#[cfg(feature = "cuda")]
-#[path = "../tests/common/spread.rs"]
-mod spread;
-
 #[derive(Module, Debug)]
 struct Deep<B: Backend> {
     layers: Vec<Linear<B>>,
@@ -161,7 +157,9 @@ fn rounds<B: AutodiffBackend>(devices: &[B::Device], many: usize) {
 fn devices<B: Backend>(distinct: bool) -> Vec<B::Device> {
     use burn::tensor::backend::Device;
     match distinct {
-        true => spread::spread::<B>(B::device_count(B::Device::default().to_id().type_id)),
+        true => {
+            dataparallel_dev::spread::<B>(B::device_count(B::Device::default().to_id().type_id))
+        }
         false => vec![B::Device::default()],
     }
 }

@@ -46,8 +46,6 @@ use models::Mlp;
 #[path = "common/thread_cpu.rs"]
 mod thread_cpu;
 use thread_cpu::{process_cpu, thread_cpu};
-#[path = "../tests/common/wgpu_devices.rs"]
-mod wgpu_devices;
 
 type B = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 
@@ -151,7 +149,7 @@ fn main() {
     };
     let (rounds, steps) = (env("HOST_STAGED_ROUNDS", 5), env("HOST_STAGED_STEPS", 10));
     let warmup = env("HOST_STAGED_WARMUP", 3);
-    let distinct = wgpu_devices::wgpu_devices();
+    let distinct = dataparallel_dev::wgpu_devices();
     let first = distinct[0].clone();
     if args.iter().any(|a| a == "transfer") {
         return transfers(&widths, &distinct);

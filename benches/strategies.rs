@@ -63,10 +63,6 @@ use measure::cuda_memory;
 use measure::{list_from_env, median, positional_args};
 #[path = "common/models.rs"]
 mod models;
-#[path = "../tests/common/silent.rs"]
-mod silent;
-#[path = "../tests/common/spread.rs"]
-mod spread;
 #[path = "common/strategy_runs.rs"]
 mod strategy_runs;
 #[allow(dead_code)]

@@ -44,9 +44,6 @@
 
 use burn_dataparallel::DataParallelBackend;
 
-#[path = "../tests/common/spread.rs"]
-mod spread;
-
 #[path = "common/chart.rs"]
 mod chart;
 #[path = "common/cold_start.rs"]

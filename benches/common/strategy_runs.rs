@@ -16,8 +16,7 @@ use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, M
 
 use crate::learner_steps::{Batch, Random, STARTS};
 use crate::models::{Model, Sizes};
-use crate::silent::{Silent, quiet_training};
-use crate::spread;
+use dataparallel_dev::quiet_training;
 use crate::thread_cpu::thread_cpu;
 
 /// The ways of training that the bench compares.
@@ -113,7 +112,7 @@ impl<B: DataParallelBackend> Setup<B> {
     /// the calling thread's CPU time per step over the whole run (setup included).
     pub fn run(&self, strategy: Strategy, replicas: usize) -> (Vec<Duration>, Option<Duration>) {
         let cpu_start = thread_cpu();
-        let devices = spread::spread::<B>(replicas);
+        let devices = dataparallel_dev::spread::<B>(replicas);
         let (warm, timed) = self.steps;
         let steps = warm + timed + 1;
         STARTS.lock().unwrap().clear();

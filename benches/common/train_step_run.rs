@@ -12,13 +12,12 @@ use burn_dataparallel::{DataParallelBackend, DataParallelConfig, Mean};
 use crate::measure::median;
 use crate::models::*;
 use crate::rows::Row;
-use crate::spread;
 
 /// Devices for `replicas` replicas: the default device for all, or with `TRAIN_STEP_DISTINCT=1`
 /// device `i` modulo the backend's device count for replica `i`.
 fn replica_devices<B: Backend>(replicas: usize) -> Vec<B::Device> {
     match std::env::var("TRAIN_STEP_DISTINCT").as_deref() {
-        Ok("1") => spread::spread::<B>(replicas),
+        Ok("1") => dataparallel_dev::spread::<B>(replicas),
         _ => vec![B::Device::default(); replicas],
     }
 }

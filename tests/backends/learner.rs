@@ -105,10 +105,7 @@ impl<B: Backend> Batcher<B, Item, ImageBatch<B>> for ImageBatcher {
     }
 }
 
-#[path = "../common/silent.rs"]
-mod silent;
-pub use silent::Silent;
-pub(crate) use silent::quiet_training;
+pub(crate) use dataparallel_dev::quiet_training;
 
 /// Two epochs of `SupervisedTraining` on the wrapper (three replicas, validation included)
 /// leave the parameters where the same training of the bare model leaves them.

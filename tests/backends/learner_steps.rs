@@ -21,7 +21,7 @@ use burn::train::{
 use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, LossReduction};
 
 use crate::common::*;
-use crate::learner::{ImageBatch, ImageBatcher, Silent, items, quiet_training};
+use crate::learner::{ImageBatch, ImageBatcher, items, quiet_training};
 
 /// What the model's own training step adds to a plain classification step.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,7 +12,7 @@ use burn::train::{ExecutionStrategy, Learner};
 use burn_dataparallel::{DataParallel, DataParallelBackend};
 use std::sync::Arc;
 
-use super::learner::{ImageBatch, ImageBatcher, Silent, items, quiet_training};
+use super::learner::{ImageBatch, ImageBatcher, items, quiet_training};
 use crate::common::*;
 
 pub(crate) type Loaders<B> = (

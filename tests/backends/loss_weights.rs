@@ -23,7 +23,7 @@ use burn_dataparallel::{
 };
 
 use crate::common::*;
-use crate::learner::{ImageBatch, ImageBatcher, Item, Silent, items, quiet_training};
+use crate::learner::{ImageBatch, ImageBatcher, Item, items, quiet_training};
 
 /// Class 0 counts a quarter of class 1, class 2 four times as much.
 const CLASS_WEIGHTS: [f32; 3] = [0.25, 1.0, 4.0];

@@ -3,7 +3,6 @@
 
 use burn::tensor::backend::Backend;
 
-use super::spread;
 
 /// The CPU backend every test runs on.
 pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
@@ -214,7 +213,7 @@ pub fn devices<B: Backend>(n: usize) -> Vec<B::Device> {
         return devices;
     }
     match std::env::var("DATAPARALLEL_TEST_DEVICES").as_deref() {
-        Ok("distinct") => spread::spread::<B>(n),
+        Ok("distinct") => dataparallel_dev::spread::<B>(n),
         _ => vec![B::Device::default(); n],
     }
 }

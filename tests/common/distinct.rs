@@ -14,7 +14,7 @@ use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
 use burn::tensor::backend::{Backend, Device, DeviceId};
 
 use super::adapter::skip_without_wgpu;
-use super::wgpu_devices::wgpu_devices;
+use dataparallel_dev::wgpu_devices;
 
 /// `CubeBackend` on wgpu: the replicas' backwards run at once, as on CUDA's `CubeBackend`.
 pub type WgpuCubeAd = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;

@@ -19,9 +19,6 @@ mod backends;
 mod compare;
 #[cfg(feature = "cubecl")]
 mod distinct;
-mod spread;
-#[cfg(feature = "cubecl")]
-pub mod wgpu_devices;
 
 pub use backends::*;
 pub use compare::*;

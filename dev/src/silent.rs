@@ -1,5 +1,5 @@
 //! A burn-train renderer that shows nothing, and the one Learner setup of the tests and
-//! benches ([`quiet_training!`]).
+//! benches ([`quiet_training!`](crate::quiet_training)).
 
 use burn::train::renderer::{
     EvaluationName, EvaluationProgress, MetricState, MetricsRenderer, MetricsRendererEvaluation,
@@ -28,17 +28,14 @@ impl MetricsRenderer for Silent {
 
 /// burn-train's `SupervisedTraining` over the data loaders `$train` and `$valid` for `$epochs`
 /// epochs, its logs in the folder `$dir`, without the application log and showing nothing
-/// (the [`Silent`] renderer, which the caller has in scope): the Learner setup every test and
-/// bench shares. Add metrics, then `launch`. A macro, as the builder's type follows the
-/// loaders'.
-#[allow(unused_macros)]
+/// (the [`Silent`] renderer): the Learner setup every test and bench shares. Add metrics,
+/// then `launch`. A macro, as the builder's type follows the loaders'.
+#[macro_export]
 macro_rules! quiet_training {
     ($dir:expr, $train:expr, $valid:expr, $epochs:expr) => {
         burn::train::SupervisedTraining::new($dir, $train, $valid)
             .with_application_logger(None)
-            .renderer(Silent)
+            .renderer($crate::Silent)
             .num_epochs($epochs)
     };
 }
-#[allow(unused_imports)]
-pub(crate) use quiet_training;

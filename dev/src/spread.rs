@@ -1,5 +1,4 @@
-//! Spreading replicas or threads over a backend's devices; shared by the integration tests
-//! and the benches, which include this file by path.
+//! Spreading replicas or threads over a backend's devices.
 
 use burn::tensor::backend::{Backend, Device, DeviceId};
 

@@ -1,5 +1,4 @@
-//! The wgpu devices that the distinct-device tests and the host-staged bench put replicas on;
-//! shared by the integration tests and the benches, which include this file by path.
+//! The wgpu devices that the distinct-device tests and the host-staged bench put replicas on.
 
 use burn::backend::wgpu::WgpuDevice;
 
