@@ -10,7 +10,7 @@
 //! # The pipeline
 //!
 //! ```text
-//! forward(input):                                   // step.rs
+//! forward(input):                                   // step/
 //!   shards   = scatter(input, devices, dim)         // scatter/: split the batch, move each shard
 //!   replicas = replicate(module, shard devices)     // replicate/: copies of the parameters
 //!   outputs  = parallel_apply(replicas, shards)     // parallel_apply.rs: one lane per device

@@ -27,7 +27,6 @@ use std::time::Duration;
 use burn::config::Config;
 
 use crate::error::DataParallelError;
-use crate::shards::sizes::shard_sizes;
 
 mod line;
 use line::{Line, Recent, equal_finish};
@@ -137,22 +136,11 @@ impl Balancer {
         }
     }
 
-    /// The current weights, one per slot, with the last step's measurements folded in.
+    /// The current weights, one per slot, with the last step's measurements folded in: the
+    /// next step's split (`shards::sizes::adaptive_sizes`).
     pub(crate) fn weights(&mut self) -> Vec<f64> {
         self.fold();
         self.weights.clone()
-    }
-
-    /// The sizes of the next step's shards for `batch_size` rows, the last step's
-    /// measurements folded in first; every slot gets at least one row where the batch has a
-    /// row for each.
-    pub(crate) fn sizes(&mut self, batch_size: usize) -> Vec<usize> {
-        self.fold();
-        at_least_one(shard_sizes(
-            batch_size,
-            self.weights.len(),
-            Some(&self.weights),
-        ))
     }
 
     /// Starts measuring a step whose shards go to `slots` with `rows` each, if every slot
@@ -255,21 +243,6 @@ pub(crate) fn next_weights(
 fn normalized(weights: &[f64]) -> Vec<f64> {
     let total: f64 = weights.iter().sum();
     weights.iter().map(|w| w / total).collect()
-}
-
-/// `sizes` with every slot at one row at least, where there are as many rows as slots: a
-/// row taken from the largest shard for each empty one.
-fn at_least_one(mut sizes: Vec<usize>) -> Vec<usize> {
-    if sizes.iter().sum::<usize>() < sizes.len() {
-        return sizes;
-    }
-    while let Some(empty) = sizes.iter().position(|&n| n == 0) {
-        let largest = (0..sizes.len()).max_by_key(|&i| (sizes[i], usize::MAX - i));
-        let largest = largest.expect("a slot");
-        sizes[largest] -= 1;
-        sizes[empty] += 1;
-    }
-    sizes
 }
 
 /// The shared balancer of a wrapper's settings.

@@ -288,7 +288,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.run(input, forward, true)
     }
 
-    /// The pipeline's forward (`step.rs`) with this wrapper's module, settings and running
+    /// The pipeline's forward (`step/`) with this wrapper's module, settings and running
     /// states; `captures` takes the exact path.
     fn run<I, O, E, F>(&self, input: I, forward: F, captures: bool) -> Result<O, DataParallelError>
     where

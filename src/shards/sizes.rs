@@ -51,6 +51,27 @@ pub fn shard_sizes(batch_size: usize, slots: usize, weights: Option<&[f64]>) -> 
     }
 }
 
+/// `sizes` with every slot at one row at least, where there are as many rows as slots: a
+/// row taken from the largest shard for each empty one.
+pub(crate) fn at_least_one(mut sizes: Vec<usize>) -> Vec<usize> {
+    if sizes.iter().sum::<usize>() < sizes.len() {
+        return sizes;
+    }
+    while let Some(empty) = sizes.iter().position(|&n| n == 0) {
+        let largest = (0..sizes.len()).max_by_key(|&i| (sizes[i], usize::MAX - i));
+        let largest = largest.expect("a slot");
+        sizes[largest] -= 1;
+        sizes[empty] += 1;
+    }
+    sizes
+}
+
+/// The sizes of an adaptive split's step: `batch_size` rows by `weights`, every slot keeping
+/// a row where the batch has one for each.
+pub(crate) fn adaptive_sizes(batch_size: usize, weights: &[f64]) -> Vec<usize> {
+    at_least_one(shard_sizes(batch_size, weights.len(), Some(weights)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +89,13 @@ mod tests {
         assert_eq!(shard_sizes(8, 2, Some(&[1.0, 3.0])), vec![2, 6]);
         assert_eq!(shard_sizes(10, 3, Some(&[1.0, 1.0, 1.0])), vec![4, 3, 3]);
         assert_eq!(shard_sizes(3, 2, Some(&[1.0, 100.0])), vec![0, 3]);
+    }
+
+    /// Every slot keeps a row, however small its weight.
+    #[test]
+    fn every_device_keeps_a_row() {
+        assert_eq!(adaptive_sizes(10, &[1.0, 1e-6, 1e-6]), [8, 1, 1]);
+        assert_eq!(at_least_one(vec![2, 0]), [1, 1]);
+        assert_eq!(at_least_one(vec![1, 0, 0]), [1, 0, 0]);
     }
 }
