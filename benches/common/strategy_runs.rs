@@ -16,8 +16,8 @@ use burn_dataparallel::{DataParallel, DataParallelBackend, DataParallelConfig, M
 
 use crate::learner_steps::{Batch, Random, STARTS};
 use crate::models::{Model, Sizes};
-use dataparallel_dev::quiet_training;
 use crate::thread_cpu::thread_cpu;
+use dataparallel_dev::quiet_training;
 
 /// The ways of training that the bench compares.
 #[derive(Clone, Copy, Debug, PartialEq)]
