@@ -3,7 +3,6 @@
 
 use burn::tensor::backend::Backend;
 
-
 /// The CPU backend every test runs on.
 pub type FlexAd = burn::backend::Autodiff<burn::backend::Flex>;
 
