@@ -100,6 +100,14 @@ pub struct StepProfile {
     pub broadcast_transfers: usize,
     /// Number of gradient transfers (coalesced buckets) back in the backward.
     pub reduce_transfers: usize,
+    /// Whether the step ran on the exact path: the replicas' forwards one at a time in the
+    /// caller's graph and their backwards on the calling thread, whatever the settings. A
+    /// forward through [`forward_with_captures`](crate::DataParallel::forward_with_captures)
+    /// takes it, and so does an input the scatter cannot see into (a [`Shared`](crate::Shared)
+    /// value that may own a tensor, a hand-written [`Scatter`](crate::Scatter) that does not
+    /// answer [`scatters_every_tensor`](crate::Scatter::scatters_every_tensor)): correct, but
+    /// slower where the backward's work is large.
+    pub exact_path: bool,
 }
 
 impl StepProfile {
@@ -176,6 +184,9 @@ impl std::fmt::Display for StepProfile {
                 format!("buckets reduced at [{}] ms, ", spans.join(", "))
             }
         };
+        if self.exact_path {
+            write!(f, "exact path: ")?;
+        }
         write!(
             f,
             "scatter {:.3} ms, replicate {:.3} ms, forward [{}] ms, running states {:.3} ms, \

@@ -94,7 +94,8 @@ pub trait Scatter<B: Backend>: Sized {
     /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) does. `false`
     /// by default; the crate's impls and [`impl_scatter!`](crate::impl_scatter) answer for
     /// their contents, and a hand-written impl that scatters every field through the
-    /// field's own `Scatter` may answer as its fields do.
+    /// field's own `Scatter` may answer as its fields do. A step's profile says which path it
+    /// took ([`StepProfile::exact_path`](crate::StepProfile::exact_path)).
     fn scatters_every_tensor(&self) -> bool {
         false
     }

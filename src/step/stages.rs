@@ -61,6 +61,9 @@ impl<B: ConcatBackend> Step<B> {
             }
         }
         let sink = settings.profiler.start(shards.len());
+        if let Some(sink) = &sink {
+            sink.lock().exact_path = path == Path::Exact;
+        }
         let measured = (settings.balancer.as_ref()).and_then(|balancer| {
             balance::lock(balancer).measure(shards.replicas(), shards.sizes())
         });

@@ -239,6 +239,38 @@ fn unseen_case<B: DataParallelBackend>() {
     }
 }
 
+/// The step profile names the path a forward took: the fast one for split tensors, the exact
+/// one for `forward_with_captures` and for inputs the wrapper cannot see into (`Shared`, a
+/// hand-written `Scatter` that keeps the default of `scatters_every_tensor`).
+fn profile_names_the_path_case<B: DataParallelBackend>() {
+    let device = Default::default();
+    let dp = wrap(Mlp::<B>::new(8, 16, 4, &device), 3, true);
+    let side = Side::<B>::new(&device);
+    dp.set_profiling(true);
+    let path = |output: Tensor<B, 2>| {
+        let _ = weighted(output, 1.0).backward();
+        let profile = dp.profile().expect("a profile of the step");
+        let shown = profile.to_string().starts_with("exact path: ");
+        (profile.exact_path, shown)
+    };
+    let x = || random::<B, 2>([9, 8], &device);
+    assert_eq!(
+        path(dp.forward_with(x(), |m, x| m.forward(x))),
+        (false, false)
+    );
+    for route in [Route::Captured, Route::Shared, Route::Cloned] {
+        if distinct_plan() && matches!(route, Route::Captured) {
+            continue;
+        }
+        let output = forward_dp(&dp, &side, x(), Place::Input, route).expect("a forward");
+        assert_eq!(path(output), (true, true), "{route:?}");
+    }
+    assert_eq!(
+        path(dp.forward_with(x(), |m, x| m.forward(x))),
+        (false, false)
+    );
+}
+
 /// A tracked tensor passed whole to every replica (`Broadcast`) gets the sum of their
 /// gradients.
 fn broadcast_case<B: DataParallelBackend>() {
@@ -371,6 +403,7 @@ backend_tests! {
     captured_serial => captured_case(false),
         moves_nothing = "replicas on other devices are refused before any transfer";
     unseen_inputs => unseen_case();
+    profile_names_the_path => profile_names_the_path_case();
     broadcast => broadcast_case();
     global_on_the_output => global_on_the_output_case();
     global_in_the_loss => global_in_the_loss_case();
