@@ -63,6 +63,8 @@ use measure::cuda_memory;
 use measure::{list_from_env, median, positional_args};
 #[path = "common/models.rs"]
 mod models;
+#[path = "common/strategy_child.rs"]
+mod strategy_child;
 #[path = "common/strategy_runs.rs"]
 mod strategy_runs;
 #[allow(dead_code)]
@@ -70,6 +72,7 @@ mod strategy_runs;
 mod thread_cpu;
 use learner_steps::*;
 use models::*;
+use strategy_child::{RESULT, Round, child_round, format_round};
 use strategy_runs::{Setup, Strategy};
 
 /// One configuration of one model.
@@ -273,10 +276,6 @@ fn main() {
     }
 }
 
-/// One round of `strategy` over `replicas` devices in this process: each step's time, the
-/// calling thread's CPU per step, the most device memory in use after a forward.
-type Round = (Vec<Duration>, Option<Duration>, Option<u64>);
-
 /// One round in this process; a panic is the round's failure.
 fn in_process<B: DataParallelBackend>(
     setup: &Setup<B>,
@@ -295,65 +294,6 @@ fn in_process<B: DataParallelBackend>(
             Err(message.lines().next().unwrap_or_default().to_string())
         }
     }
-}
-
-/// The line a child process prints its round on.
-const RESULT: &str = "STRATEGIES_RESULT";
-
-/// One round in a process of its own (this bench, with `STRATEGIES_CHILD`): a device fault
-/// there fails this round alone. Its stderr passes through; a failure is its exit status and
-/// its first panic's message (or the last line it wrote).
-fn child_round(model: &str, strategy: Strategy, replicas: usize) -> Result<Round, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = std::process::Command::new(exe)
-        .args(std::env::args().skip(1))
-        .env(
-            "STRATEGIES_CHILD",
-            format!("{model}:{}:{replicas}", strategy.key()),
-        )
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .map_err(|e| format!("could not start: {e}"))?;
-    let stderr = String::from_utf8_lossy(&child.stderr);
-    eprint!("{stderr}");
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    let line = stdout.lines().find_map(|l| l.strip_prefix(RESULT));
-    match (child.status.success(), line) {
-        (true, Some(line)) => parse_round(line.trim()).ok_or_else(|| format!("unreadable: {line}")),
-        _ => {
-            // The first panic's message (the line after "panicked at"), else the last line.
-            let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-            let panic = lines.iter().position(|l| l.contains("panicked at"));
-            let reason = match panic {
-                Some(at) => lines.get(at + 1).copied().unwrap_or(lines[at]),
-                None => lines.last().copied().unwrap_or(""),
-            };
-            Err(format!("{} ({})", child.status, reason.trim()))
-        }
-    }
-}
-
-/// A round as a child prints it: step times in microseconds, the CPU per step, the memory.
-fn format_round((times, cpu, memory): &Round) -> String {
-    let times: Vec<String> = times.iter().map(|t| t.as_micros().to_string()).collect();
-    let optional = |v: Option<u128>| v.map_or("-".into(), |v| v.to_string());
-    format!(
-        "{} {} {}",
-        times.join(","),
-        optional(cpu.map(|c| c.as_micros())),
-        optional(memory.map(u128::from))
-    )
-}
-
-fn parse_round(line: &str) -> Option<Round> {
-    let mut fields = line.split(' ');
-    let times = (fields.next()?.split(','))
-        .map(|t| t.parse().ok().map(Duration::from_micros))
-        .collect::<Option<Vec<_>>>()?;
-    let optional = |field: &str| field.parse::<u64>().ok();
-    let cpu = optional(fields.next()?).map(Duration::from_micros);
-    let memory = optional(fields.next()?);
-    Some((times, cpu, memory))
 }
 
 /// In a child process: the one round `STRATEGIES_CHILD` names, printed on stdout.
