@@ -82,9 +82,10 @@ impl AdaptiveShardsConfig {
     }
 }
 
-/// How many times its noise a slot's predicted finish may stray before the split moves, where
-/// that is more than the configured tolerance: noisy times should not move rows back and
-/// forth.
+/// How many times its uncertainty a slot's predicted finish may stray before the split moves,
+/// where that is more than the configured tolerance: noisy times should not move rows back and
+/// forth. The prediction averages recent steps, so its uncertainty is the steps' noise times
+/// `sqrt(damping / (2 - damping))` (the spread of such an average of independent noise).
 const NOISE_MARGIN: f64 = 3.0;
 
 /// The adaptive split of a wrapper, shared by its clones: the current weights and the last
@@ -180,7 +181,8 @@ impl Balancer {
         let lines: Vec<Option<Line>> = self.recent.iter().map(Recent::line).collect();
         let total = measured.rows.iter().sum::<usize>() as f64;
         let noise = self.recent.iter().map(Recent::noise).fold(0.0, f64::max);
-        let tolerance = self.config.tolerance.max(NOISE_MARGIN * noise);
+        let averaged = (damping / (2.0 - damping)).sqrt();
+        let tolerance = self.config.tolerance.max(NOISE_MARGIN * noise * averaged);
         self.weights = next_weights(&self.weights, &lines, total, tolerance);
     }
 }

@@ -95,17 +95,21 @@ fn checked_step<B: DataParallelBackend>(
     rows
 }
 
-/// With lane 1 twice as slow per row, replica 0's share rises to about two thirds within
-/// nine steps (a new split's first step is not measured), one way (a step back of one row at
-/// most: sleeps overrun on a loaded machine); when the asymmetry goes, it comes back to about
-/// half.
+/// With lane 1 three times as slow per row, replica 0's share rises to about three quarters
+/// within nine steps (a new split's first step is not measured), one way (a step back of one
+/// row at most: sleeps overrun on a loaded machine); when the asymmetry goes, it comes back to
+/// about half. "About": a split whose predicted step is within the tolerance of the balanced
+/// one is left alone, so the bounds are those splits (with the sleeps alone: 28-34 rows of 40
+/// while lane 1 is slow, 17-23 after).
 fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
     let device: B::Device = Default::default();
-    let micros = Arc::new([AtomicU64::new(1000), AtomicU64::new(2000)]);
+    let micros = Arc::new([AtomicU64::new(1000), AtomicU64::new(3000)]);
     let model = Slowed {
         mlp: Mlp::new(8, 16, 4, &device),
         micros: micros.clone(),
     };
+    // The tolerance is the step time a move must save (back from 30 : 10 to 20 : 20 saves a
+    // third), high enough that the sleeps' overruns on a loaded machine move nothing.
     let adaptive = AdaptiveShardsConfig::new()
         .with_damping(0.5)
         .with_tolerance(0.15);
@@ -125,8 +129,8 @@ fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
         slow.windows(2).all(|w| w[1] + 1 >= w[0]),
         "one way: {slow:?}"
     );
-    let about = |n: &usize| (24..=29).contains(n);
-    assert!(slow[8..].iter().all(about), "about 27 of 40 rows: {slow:?}");
+    let about = |n: &usize| (27..=34).contains(n);
+    assert!(slow[8..].iter().all(about), "about 30 of 40 rows: {slow:?}");
 
     micros[1].store(1000, Ordering::Relaxed);
     let even: Vec<usize> = (0..12).map(|_| checked_step(&dp, batch(), how)).collect();
@@ -134,7 +138,7 @@ fn the_split_follows_the_replicas<B: DataParallelBackend>(how: Loop) {
         even.windows(2).all(|w| w[1] <= w[0] + 1),
         "one way back: {even:?}"
     );
-    assert!((18..=22).contains(&even[11]), "about half again: {even:?}");
+    assert!((17..=23).contains(&even[11]), "about half again: {even:?}");
     let weights = dp.adaptive_weights().expect("adaptive");
     assert!(
         (weights.iter().sum::<f64>() - 1.0).abs() < 1e-9,
