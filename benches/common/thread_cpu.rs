@@ -1,4 +1,5 @@
-//! The CPU time of the calling thread; shared by the benches, which include this file by path.
+//! CPU time of the calling thread or of the whole process; shared by the benches, which
+//! include this file by path.
 
 use std::time::Duration;
 
@@ -6,13 +7,7 @@ use std::time::Duration;
 pub fn thread_cpu() -> Option<Duration> {
     #[cfg(unix)]
     {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec for the call to write.
-        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
-        ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
     }
     #[cfg(not(unix))]
     None
@@ -23,14 +18,20 @@ pub fn thread_cpu() -> Option<Duration> {
 pub fn process_cpu() -> Option<Duration> {
     #[cfg(unix)]
     {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec for the call to write.
-        let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0;
-        ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
     }
     #[cfg(not(unix))]
     None
+}
+
+/// The time of CPU clock `clock`.
+#[cfg(unix)]
+fn cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write.
+    let ok = unsafe { libc::clock_gettime(clock, &mut ts) } == 0;
+    ok.then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }

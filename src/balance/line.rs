@@ -9,7 +9,7 @@
 
 /// How far from its line a step's time has to be for the slot's line to start afresh: the
 /// device changed (another load, other clocks), and the steps before would bend the new line
-/// (one slot slower by half drew a line that overshot the balance by 8 % of the batch).
+/// (a slot twice as fast as its old line drew a line that overshot the balance).
 const CHANGED: f64 = 0.25;
 
 /// Weighted sums over a slot's measured steps, each step's weight `(1 - damping)` times the
