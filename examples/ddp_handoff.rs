@@ -24,12 +24,9 @@
 //! from the same checkpoint and compares: after the same steps at the same global batch, the
 //! peers' parameters equal the wrapper's within float tolerance.
 
-// Shared with `tests/ddp_handoff.rs` and `multinode/`, which use parts this program does not.
-#[allow(dead_code)]
-#[path = "common/handoff.rs"]
-mod handoff;
-
-use handoff::*;
+// The model, its data and both training loops: `handoff/` (shared with `tests/ddp_handoff.rs`
+// and the peers as processes in `multinode/`).
+use burn_dataparallel_handoff::*;
 
 fn main() {
     type B = burn::backend::Autodiff<burn::backend::Flex>;

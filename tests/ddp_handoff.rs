@@ -1,22 +1,15 @@
 //! The hand-off from `DataParallel` to Burn's distributed data parallelism
-//! (`examples/ddp_handoff.rs`): a model trained through the wrapper and saved continues from
+//! (`examples/ddp_handoff.rs`, its code in `handoff/`): a model trained through the wrapper and saved continues from
 //! that checkpoint on burn-collective peers that all-reduce their gradients, and after the
 //! same steps at the same global batch it matches the wrapper's own continuation.
 
 mod common;
 
-#[path = "../examples/common/barrier.rs"]
-mod barrier;
-#[allow(dead_code)]
-#[path = "../examples/common/handoff.rs"]
-mod handoff;
-
 use std::sync::Mutex;
 
-use barrier::two_global_all_reduces;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dataparallel::DataParallelBackend;
-use handoff::*;
+use burn_dataparallel_handoff::*;
 
 /// burn-collective keeps one collective per backend type in the process: one hand-off at a
 /// time.
@@ -100,16 +93,4 @@ macro_rules! hand_off_tests {
 hand_off_tests! {
     flex => common::FlexAd;
     ndarray => common::NdArrayAd;
-}
-
-/// burn-collective 0.21.0's barrier, as published, in one process: one node and the
-/// orchestrator on the loopback interface, two global all-reduces one after the other
-/// ([`two_global_all_reduces`]); the second never returns, and the bound turns that into a
-/// failure within 30 s. The `multinode/` workspace runs the same against the fixed copy
-/// (`scripts/patch-collective.sh`), where it passes, and trains across processes there.
-#[test]
-#[ignore = "burn-collective 0.21.0's barrier keeps every arrived node: the second global all-reduce never returns (fixed in multinode/); run with --ignored to see it fail within 30 s"]
-fn two_global_all_reduces_in_one_process() {
-    let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());
-    two_global_all_reduces::<burn::backend::Flex>(std::time::Duration::from_secs(30)).unwrap();
 }

@@ -12,7 +12,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use burn_dataparallel_multinode::handoff::*;
+use burn_dataparallel_handoff::*;
 use burn_dataparallel_multinode::nodes::{Hosts, run_node_from_env, run_processes};
 
 fn main() {

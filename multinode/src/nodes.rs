@@ -1,9 +1,9 @@
 //! The hand-off's peers as processes, one node each, all-reducing through burn-collective's
 //! orchestrator over the loopback interface (on several machines, the same with their
-//! addresses), beside `handoff.rs`'s peers as threads.
+//! addresses), beside `burn-dataparallel-handoff`'s peers as threads.
 //!
 //! With burn-collective 0.21.0 as published this form hangs after the first gradients (its
-//! barrier, see [`two_global_all_reduces`](crate::barrier::two_global_all_reduces)); this
+//! barrier, see [`two_global_all_reduces`](burn_dataparallel_handoff::barrier::two_global_all_reduces)); this
 //! workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
 //! [`run_processes`] bounds the wait and fails with the nodes' state.
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use burn::collective::{self, CollectiveConfig, PeerId};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::handoff::{
+use burn_dataparallel_handoff::{
     Batch, Classifier, Optim, PeerRun, Slice, batches, free_port, load, run_peer, save,
 };
 

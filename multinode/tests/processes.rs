@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex};
-use burn_dataparallel_multinode::barrier::two_global_all_reduces;
-use burn_dataparallel_multinode::handoff::*;
+use burn_dataparallel_handoff::barrier::two_global_all_reduces;
+use burn_dataparallel_handoff::*;
 use burn_dataparallel_multinode::nodes::{Hosts, NODE_ENV, run_node_from_env, run_processes};
 
 type B = Autodiff<Flex>;
@@ -15,8 +15,7 @@ type B = Autodiff<Flex>;
 static COLLECTIVE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The barrier that ends every global all-reduce, on one node: with the fix, the second
-/// all-reduce returns (published 0.21.0: it never does; the main crate's
-/// `tests/ddp_handoff.rs` keeps that reproduction, ignored).
+/// all-reduce returns (published 0.21.0: it never does, `upstream/collective_barrier.rs`).
 #[test]
 fn two_global_all_reduces_in_one_process() {
     let _one = COLLECTIVE.lock().unwrap_or_else(|e| e.into_inner());

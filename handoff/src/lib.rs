@@ -1,7 +1,11 @@
-//! The hand-off from `DataParallel` to burn-collective's all-reduce, shared by
-//! `examples/ddp_handoff.rs`, `tests/ddp_handoff.rs` and the `multinode/` workspace: the model
-//! and its data, training through the wrapper, the checkpoint, and the peers (threads of one
-//! process) that continue from it. `multinode/src/nodes.rs` runs the peers as processes.
+//! The hand-off from `DataParallel` to burn-collective's all-reduce, the code behind the crate
+//! docs' chapter "Outgrowing one machine": the model and its data, training through the
+//! wrapper, the checkpoint, and the peers (threads of one process) that continue from it.
+//! `examples/ddp_handoff.rs` runs it, `tests/ddp_handoff.rs` checks it, and the `multinode/`
+//! workspace runs the peers as processes. [`barrier`] reproduces burn-collective 0.21.0's
+//! multi-node barrier fault in one process.
+
+pub mod barrier;
 
 use std::path::Path;
 

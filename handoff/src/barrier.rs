@@ -1,12 +1,12 @@
-//! The one-process reproduction of burn-collective 0.21.0's multi-node barrier fault, shared
-//! by `tests/ddp_handoff.rs` (ignored: it fails on the published crate) and the `multinode/`
-//! workspace (which builds against the patched crate, where it passes).
+//! The one-process reproduction of burn-collective 0.21.0's multi-node barrier fault: run by
+//! `upstream/collective_barrier.rs` against the published crate (where it fails) and by
+//! `multinode/tests/processes.rs` against the patched one (where it passes).
 
 use burn::collective::{self, CollectiveConfig, PeerId, ReduceOperation};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::handoff::free_port;
+use crate::free_port;
 
 /// Two global all-reduces one after the other on one node (`num_nodes(1)`), with
 /// burn-collective's orchestrator started in this process on the loopback interface: what
