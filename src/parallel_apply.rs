@@ -9,8 +9,8 @@
 //! Every job runs on the CubeCL stream of the thread that hands it over
 //! ([`StreamId::executes`], as Burn's `Fusion` does for its queues): the lanes are separate
 //! threads for Burn's per-thread state, never separate streams, because CubeCL 0.10 does not
-//! protect memory one stream reads from another in every case (the journal of 2026-12-02 in
-//! `benches/journal/` has the measurements). Replicas on distinct devices still run at the
+//! protect memory one stream reads from another in every case (`upstream/cross_stream/`
+//! reproduces it). Replicas on distinct devices still run at the
 //! same time, each device's stream being its own.
 //!
 //! A replica's backward ends with Burn's graph cleanup, which waits for every autodiff graph,

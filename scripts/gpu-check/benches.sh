@@ -2,10 +2,22 @@
 # `overlap`, `threads`, `bench`), sourced by it; each runs inside its `run`, whose `step`,
 # `work`, `logs`, `table`, `gpus` and limits it uses.
 
-# The concat and split kernels' tests, and the concat bench against Burn's `cat` and torch.
+# The concat and split kernels' tests, and the concat bench against Burn's `cat` and torch
+# (`--bench`: a criterion binary run without it tests each case once and measures nothing).
+# With COMPARE_BUNDLE's concat bench (`concat-before`), instead: the two builds alternating,
+# CONCAT_ROUNDS (3) rounds each, criterion's filter CONCAT_FILTER (this crate's kernels on
+# CubeBackend), for a kernel change's before and after.
 mode_kernels() {
     step tests-kernels-cuda "$tests_limit" ./kernels --test-threads=1 cuda
-    step bench-concat "$bench_limit" ./concat
+    if [ -x "$work/concat-before" ]; then
+        local round filter=${CONCAT_FILTER:-CubeBackend.*/ours: (concat|split, dim 1)}
+        for ((round = 1; round <= ${CONCAT_ROUNDS:-3}; round++)); do
+            step "bench-concat-before-$round" "$bench_limit" ./concat-before --bench "$filter"
+            step "bench-concat-after-$round" "$bench_limit" ./concat --bench "$filter"
+        done
+        return
+    fi
+    step bench-concat "$bench_limit" ./concat --bench
     step bench-concat-torch "$bench_limit" python3 "$(pwd)/benches/torch_concat.py"
 }
 

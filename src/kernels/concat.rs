@@ -3,8 +3,7 @@
 //! Every input is seen as a matrix `[outer, width_i]`, where `outer` is the product of the
 //! dimensions before `dim` and `width_i` that of `dim` and the ones after it, and the output as
 //! `[outer, sum(width_i)]`. One thread writes one vector of the output: it finds its row and
-//! column, walks the inputs (unrolled, their count is a compile-time constant) to the one that
-//! holds the column, and copies one vector from it. Vectors are as wide as every input's row
+//! column, [`locate`]s the input that holds the column, and copies one vector from it. Vectors are as wide as every input's row
 //! allows; inputs that are not contiguous are made contiguous first.
 
 use burn_cubecl::CubeRuntime;
@@ -28,22 +27,40 @@ fn concat_kernel<E: Numeric, N: Size>(
         terminate!();
     }
     let (row, column) = row_width.div_mod(ABSOLUTE_POS);
-    let count = comptime![inputs.len()];
-    let mut remaining = column;
-    let mut found = false;
+    let (piece, offset, width) = locate(&widths, column);
 
+    // A sequence's items are indexed at compile time: one unrolled branch per input.
     #[unroll]
-    for i in 0..count {
-        let width = *widths.index(i);
+    for i in 0..comptime![inputs.len()] {
+        if piece == i {
+            output[ABSOLUTE_POS] = inputs.index(i)[row * width + offset];
+        }
+    }
+}
+
+/// Where `column` of a row laid out as pieces of `widths` columns side by side falls: the
+/// piece, the column within it and the piece's width. Shared by the concat and split kernels;
+/// the pieces' count is a compile-time constant, so the walk is unrolled.
+#[cube]
+pub(crate) fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
+    let mut piece = 0usize;
+    let mut offset = column;
+    let mut width = 0usize;
+    let mut found = false;
+    #[unroll]
+    for i in 0..comptime![widths.len()] {
+        let piece_width = *widths.index(i);
         if !found {
-            if remaining < width {
-                output[ABSOLUTE_POS] = inputs.index(i)[row * width + remaining];
+            if offset < piece_width {
+                piece = i;
+                width = piece_width;
                 found = true;
             } else {
-                remaining -= width;
+                offset -= piece_width;
             }
         }
     }
+    (piece, offset, width)
 }
 
 /// Product of the dimensions in `shape`.

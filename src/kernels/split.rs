@@ -4,7 +4,7 @@
 //! The kernel writes all pieces into one buffer, each piece contiguous and starting at an
 //! offset aligned for the device, and the pieces are returned as views of that buffer. One
 //! thread copies one vector of the input, seen as a matrix `[outer, sum(width_i)]` as in
-//! `concat.rs`, to the piece that holds its column.
+//! `concat.rs`, to the piece that holds its column (found by `concat.rs`' `locate`).
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
@@ -15,7 +15,7 @@ use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
 
-use super::concat::{product, vector_size};
+use super::concat::{locate, product, vector_size};
 
 #[cube(launch_unchecked, address_type = "dynamic")]
 fn split_kernel<E: Numeric, N: Size>(
@@ -31,22 +31,17 @@ fn split_kernel<E: Numeric, N: Size>(
         terminate!();
     }
     let (row, column) = row_width.div_mod(ABSOLUTE_POS);
-    let count = comptime![widths.len()];
-    let mut remaining = column;
-    let mut found = false;
+    let (piece, offset, width) = locate(&widths, column);
 
+    // A sequence's items are indexed at compile time: one unrolled branch per piece.
+    let mut start = 0usize;
     #[unroll]
-    for i in 0..count {
-        let width = *widths.index(i);
-        if !found {
-            if remaining < width {
-                output[*starts.index(i) + row * width + remaining] = input[ABSOLUTE_POS];
-                found = true;
-            } else {
-                remaining -= width;
-            }
+    for i in 0..comptime![starts.len()] {
+        if piece == i {
+            start = *starts.index(i);
         }
     }
+    output[start + row * width + offset] = input[ABSOLUTE_POS];
 }
 
 fn contiguous_strides(shape: &[usize]) -> Vec<usize> {

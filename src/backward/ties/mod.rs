@@ -12,7 +12,7 @@
 //!   on the calling thread before they run. Copies on other devices are moved from the
 //!   parameters themselves, so that a parameter no replica's loss reaches gets no gradient
 //!   through the transfer's backward, as on one device. (`tests/backends/races.rs` stresses
-//!   it; the journal of 2026-12-02 in `benches/journal/` has what was tried before.)
+//!   it.)
 //! - [`Ties::Graphs`]: the parallel backward. Every tracked tensor a replica receives becomes
 //!   a leaf of the replica's own graph ([`ReplicaGraphs::leaf`]) and every output a stand-in
 //!   in the caller's ([`ReplicaGraphs::output`]); see `backward/graphs/`.
