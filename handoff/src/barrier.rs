@@ -44,7 +44,7 @@ pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<
         let device: B::Device = Default::default();
         let id = PeerId::from(0usize);
         collective::register::<B>(id, device.clone(), config).expect("register");
-        for round in 0..2 {
+        for _ in 0..2 {
             let tensor = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0], &device);
             let reduced = collective::all_reduce::<B>(
                 id,
@@ -56,14 +56,14 @@ pub fn two_global_all_reduces<B: Backend>(limit: std::time::Duration) -> Result<
                 .into_data()
                 .to_vec::<f32>()
                 .expect("f32 values");
-            let _ = sender.send((round, values));
+            let _ = sender.send(values);
         }
         let _ = collective::finish_collective::<B>(id);
     });
     for round in 0..2 {
         match receiver.recv_timeout(limit) {
-            Ok((_, values)) if values == [1.0, 2.0, 3.0] => {}
-            Ok((_, values)) => return Err(format!("all-reduce {round} gave {values:?}")),
+            Ok(values) if values == [1.0, 2.0, 3.0] => {}
+            Ok(values) => return Err(format!("all-reduce {round} gave {values:?}")),
             Err(_) => {
                 return Err(format!(
                     "global all-reduce {round} of one node did not return within {} s: the \

@@ -3,8 +3,9 @@
 //! addresses), beside `burn-dataparallel-handoff`'s peers as threads.
 //!
 //! With burn-collective 0.21.0 as published this form hangs after the first gradients (its
-//! barrier, see [`two_global_all_reduces`](burn_dataparallel_handoff::barrier::two_global_all_reduces)); this
-//! workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
+//! barrier, see
+//! [`two_global_all_reduces`](burn_dataparallel_handoff::barrier::two_global_all_reduces));
+//! this workspace builds against the fixed copy that `scripts/patch-collective.sh` makes.
 //! [`run_processes`] bounds the wait and fails with the nodes' state.
 
 use std::net::Ipv4Addr;

@@ -3,8 +3,9 @@
 //! Every input is seen as a matrix `[outer, width_i]`, where `outer` is the product of the
 //! dimensions before `dim` and `width_i` that of `dim` and the ones after it, and the output as
 //! `[outer, sum(width_i)]`. One thread writes one vector of the output: it finds its row and
-//! column, [`locate`]s the input that holds the column, and copies one vector from it. Vectors are as wide as every input's row
-//! allows; inputs that are not contiguous are made contiguous first.
+//! column, [`locate`]s the input that holds the column, and copies one vector from it.
+//! Vectors are as wide as every input's row allows; inputs that are not contiguous are made
+//! contiguous first.
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
