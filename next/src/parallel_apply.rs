@@ -1,0 +1,198 @@
+//! Running the replicas at the same time on persistent worker threads, one *lane* per entry
+//! of the device list.
+//!
+//! Burn keeps per-thread state (the pending updates of a `RunningState`, which batch norm's
+//! running statistics are), which fresh threads every step would leak and leave
+//! unsynchronised, so the replica of entry `i` always runs on the same OS thread.
+//!
+//! The replicas' forwards run one after the other, each on its lane: Burn 0.22.1's autodiff
+//! loses a step now and then when several threads record operations on tensors of one graph
+//! at the same time (each parameter starts a graph of its own, and a thread can record into
+//! a graph that another thread is merging away; `upstream/autodiff_graph_race.rs` reproduces
+//! it without this crate). On GPUs the launches are asynchronous, so the devices' work still
+//! overlaps; what is serialised is the host's recording of the operations.
+
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::error::{BoxError, DataParallelError};
+
+/// A job for a lane; the lane catches its panics.
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// Where the jobs of one [`Workers::apply`] call leave their results.
+type Results<O> = Arc<Mutex<Vec<Option<Result<O, Failure>>>>>;
+
+thread_local! {
+    static IN_REPLICA: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is one of the replicas' lanes: a forward of a wrapper started
+/// there (a wrapper inside a replica) runs its module directly.
+pub(crate) fn in_replica() -> bool {
+    IN_REPLICA.with(Cell::get)
+}
+
+/// The lanes of every entry of a device list.
+#[derive(Debug)]
+pub(crate) struct Workers {
+    lanes: Vec<Mutex<Sender<Job>>>,
+}
+
+/// Starts the lane of entry `replica`.
+fn start(replica: usize) -> std::io::Result<Sender<Job>> {
+    let (jobs, queue) = channel::<Job>();
+    std::thread::Builder::new()
+        .name(format!("dataparallel-{replica}"))
+        .spawn(move || {
+            IN_REPLICA.with(|flag| flag.set(true));
+            for job in queue {
+                let _ = catch_unwind(AssertUnwindSafe(job));
+            }
+        })?;
+    Ok(jobs)
+}
+
+impl Workers {
+    /// Starts one lane per entry of the device list.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::WorkerSpawn`] when a thread cannot be started.
+    pub(crate) fn new(entries: usize) -> Result<Self, DataParallelError> {
+        let lanes = (0..entries)
+            .map(|replica| {
+                start(replica)
+                    .map(Mutex::new)
+                    .map_err(|error| DataParallelError::WorkerSpawn {
+                        message: error.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { lanes })
+    }
+
+    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`, one
+    /// after the other (module docs), and returns the results in job order.
+    ///
+    /// Every job has run to completion (or to its panic) when this returns.
+    pub(crate) fn apply<M, I, O, F>(
+        &self,
+        jobs: Vec<(usize, M, I)>,
+        f: &F,
+    ) -> Vec<Result<O, Failure>>
+    where
+        M: Send,
+        I: Send,
+        O: Send,
+        F: Fn(&M, I) -> Result<O, BoxError> + Sync,
+    {
+        let results: Results<O> = Arc::new(Mutex::new((0..jobs.len()).map(|_| None).collect()));
+        for (index, (entry, replica, input)) in jobs.into_iter().enumerate() {
+            let outstanding: Outstanding = Arc::new((Mutex::new(1), Condvar::new()));
+            {
+                // Waits for the job, also if this thread unwinds while queueing it: one
+                // replica's forward at a time (module docs).
+                let _wait = Wait(outstanding.clone());
+                let results = results.clone();
+                let done = CountDown(outstanding.clone());
+                let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+                    // Dropped last: everything the job borrows is released before it counts.
+                    let _done = done;
+                    let result = run(&replica, input, f);
+                    drop(replica);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                });
+                // SAFETY: the job borrows `f` and values of this call only, and this call does
+                // not return before every job's `CountDown` has been dropped (`Wait` above,
+                // also on unwinding), which happens after the job has run, or when it is
+                // dropped unrun.
+                let job: Job = unsafe { std::mem::transmute(job) };
+                let lane = self.lanes[entry].lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(returned) = lane.send(job) {
+                    // The lane's thread is gone (it never exits while the lane exists): run
+                    // the job here rather than lose it.
+                    drop(lane);
+                    (returned.0)();
+                }
+            }
+        }
+        let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+        results
+            .iter_mut()
+            .map(|result| result.take().unwrap_or(Err(Failure::Lost)))
+            .collect()
+    }
+}
+
+/// The number of jobs of one [`Workers::apply`] call still outstanding.
+type Outstanding = Arc<(Mutex<usize>, Condvar)>;
+
+/// Held by one job: counts it done when dropped, whether the job ran or was dropped unrun.
+struct CountDown(Outstanding);
+
+impl Drop for CountDown {
+    fn drop(&mut self) {
+        let (count, changed) = &*self.0;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        changed.notify_all();
+    }
+}
+
+/// Waits, when dropped, until no job is outstanding.
+struct Wait(Outstanding);
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        let (count, changed) = &*self.0;
+        let mut count = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = changed.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Why one replica produced no output.
+pub(crate) enum Failure {
+    /// The forward panicked with this payload.
+    Panicked(Box<dyn std::any::Any + Send>),
+    /// The forward returned this error.
+    Failed(BoxError),
+    /// The job never ran.
+    Lost,
+}
+
+impl Failure {
+    /// The typed error for this failure of the replica of entry `replica` on `device`.
+    pub(crate) fn into_error(self, replica: usize, device: String) -> DataParallelError {
+        match self {
+            Failure::Panicked(payload) => {
+                DataParallelError::replica_panicked(replica, device, payload)
+            }
+            Failure::Failed(source) => DataParallelError::ReplicaFailed {
+                replica,
+                device,
+                source,
+            },
+            Failure::Lost => DataParallelError::ReplicaPanicked {
+                replica,
+                device,
+                message: "the replica's worker thread did not run it".into(),
+            },
+        }
+    }
+}
+
+/// Runs one replica's forward on the current thread, catching a panic.
+pub(crate) fn run<M, I, O, F>(replica: &M, input: I, f: &F) -> Result<O, Failure>
+where
+    F: Fn(&M, I) -> Result<O, BoxError>,
+{
+    match catch_unwind(AssertUnwindSafe(|| f(replica, input))) {
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(error)) => Err(Failure::Failed(error)),
+        Err(payload) => Err(Failure::Panicked(payload)),
+    }
+}

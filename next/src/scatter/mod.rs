@@ -1,0 +1,278 @@
+//! Splitting a batch into one shard per replica: [`Scatter`] and its impls for tensors and
+//! the containers that hold them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash};
+
+use burn::tensor::kind::Basic;
+use burn::tensor::{Device, Tensor};
+
+use crate::error::DataParallelError;
+use crate::shards::Shards;
+
+mod whole;
+
+pub use whole::{Broadcast, Shared};
+
+/// A value that can be split into one part per replica.
+///
+/// Tensors are split along the batch dimension and moved to each shard's device; tuples,
+/// `Vec`, arrays, `Option` and maps are walked; [`Broadcast`] tensors and plain values
+/// (numbers, strings, [`Shared`]) go whole to every replica. For a struct of your own,
+/// [`impl_scatter!`](crate::impl_scatter) writes the impl from its fields.
+///
+/// # Example
+///
+/// ```
+/// use burn::tensor::{Device, Tensor};
+/// use burn_dataparallel::{Scatter, Shards};
+///
+/// let device = Device::flex();
+/// let batch = (Tensor::<2>::ones([5, 3], &device), 0.5f32);
+/// let shards = Shards::new(5, &[device.clone(), device.clone()], None, 0, device);
+/// let parts = batch.scatter(&shards);
+/// assert_eq!(parts[0].0.dims(), [3, 3]);
+/// assert_eq!(parts[1].0.dims(), [2, 3]);
+/// assert_eq!(parts[1].1, 0.5);
+/// ```
+pub trait Scatter: Sized {
+    /// The size of the batch along `dim`, or `None` when the value holds no tensor to split.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::DimOutOfRange`] for a tensor without `dim`;
+    /// [`DataParallelError::BatchSizeMismatch`] when two tensors disagree on the size.
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError>;
+
+    /// Splits the value into one part per shard, each on its shard's device.
+    fn scatter(self, shards: &Shards) -> Vec<Self>;
+
+    /// The weight of this part in the batch's loss, where the number of rows is not it (a
+    /// masked mean, a class-weighted loss): the wrapper combines the replicas' [`Mean`]
+    /// losses by these weights instead of by rows. `None` (the default) leaves rows.
+    ///
+    /// [`Mean`]: crate::Mean
+    fn loss_weight(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// The batch size of two parts of one input, for [`Scatter::batch_size`] impls.
+///
+/// # Errors
+///
+/// [`DataParallelError::BatchSizeMismatch`] when both have a size and they differ.
+#[doc(hidden)]
+pub fn merge_batch_size(
+    first: Option<usize>,
+    second: Option<usize>,
+    dim: usize,
+) -> Result<Option<usize>, DataParallelError> {
+    match (first, second) {
+        (Some(expected), Some(found)) if expected != found => {
+            Err(DataParallelError::BatchSizeMismatch {
+                dim,
+                expected,
+                found,
+            })
+        }
+        (Some(size), _) | (None, Some(size)) => Ok(Some(size)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `tensor` on `device`: Burn's differentiable move, skipped where it is there already.
+pub(crate) fn move_to<const D: usize, K: Basic>(
+    tensor: Tensor<D, K>,
+    device: &Device,
+) -> Tensor<D, K> {
+    if tensor.device() == *device {
+        tensor
+    } else {
+        tensor.to_device(device)
+    }
+}
+
+impl<const D: usize, K: Basic> Scatter for Tensor<D, K> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        if dim >= D {
+            return Err(DataParallelError::DimOutOfRange { dim, rank: D });
+        }
+        Ok(Some(self.dims()[dim]))
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        self.split_with_sizes(shards.sizes().to_vec(), shards.dim())
+            .into_iter()
+            .zip(shards.devices())
+            .map(|(piece, device)| move_to(piece, device))
+            .collect()
+    }
+}
+
+impl<T: Scatter> Scatter for Option<T> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        match self {
+            Some(value) => value.batch_size(dim),
+            None => Ok(None),
+        }
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        match self {
+            Some(value) => value.scatter(shards).into_iter().map(Some).collect(),
+            None => (0..shards.len()).map(|_| None).collect(),
+        }
+    }
+
+    fn loss_weight(&self) -> Option<f64> {
+        self.as_ref().and_then(Scatter::loss_weight)
+    }
+}
+
+/// The batch size of several parts of one input.
+fn merge_all<'a, T: Scatter + 'a>(
+    items: impl IntoIterator<Item = &'a T>,
+    dim: usize,
+) -> Result<Option<usize>, DataParallelError> {
+    items.into_iter().try_fold(None, |size, item| {
+        merge_batch_size(size, item.batch_size(dim)?, dim)
+    })
+}
+
+impl<T: Scatter> Scatter for Vec<T> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        merge_all(self, dim)
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        let mut parts: Vec<Self> = (0..shards.len())
+            .map(|_| Vec::with_capacity(self.len()))
+            .collect();
+        for item in self {
+            for (part, piece) in parts.iter_mut().zip(item.scatter(shards)) {
+                part.push(piece);
+            }
+        }
+        parts
+    }
+}
+
+impl<T: Scatter, const N: usize> Scatter for [T; N] {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        merge_all(self, dim)
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        Vec::from(self)
+            .scatter(shards)
+            .into_iter()
+            .map(|part| {
+                let mut items = part.into_iter();
+                core::array::from_fn(|_| items.next().expect("one piece per item"))
+            })
+            .collect()
+    }
+}
+
+macro_rules! scatter_tuple {
+    ($($name:ident : $index:tt),+) => {
+        impl<$($name: Scatter),+> Scatter for ($($name,)+) {
+            fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+                let size = None;
+                $(let size = merge_batch_size(size, self.$index.batch_size(dim)?, dim)?;)+
+                Ok(size)
+            }
+
+            #[allow(non_snake_case)]
+            fn scatter(self, shards: &Shards) -> Vec<Self> {
+                $(let mut $name = self.$index.scatter(shards).into_iter();)+
+                (0..shards.len())
+                    .map(|_| ($($name.next().expect("one piece per shard"),)+))
+                    .collect()
+            }
+
+            fn loss_weight(&self) -> Option<f64> {
+                None$(.or_else(|| self.$index.loss_weight()))+
+            }
+        }
+    };
+}
+
+scatter_tuple!(T0: 0);
+scatter_tuple!(T0: 0, T1: 1);
+scatter_tuple!(T0: 0, T1: 1, T2: 2);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6);
+scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);
+
+impl<K: Ord + Clone, V: Scatter> Scatter for BTreeMap<K, V> {
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        merge_all(self.values(), dim)
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        let mut parts: Vec<Self> = (0..shards.len()).map(|_| BTreeMap::new()).collect();
+        for (key, value) in self {
+            for (part, piece) in parts.iter_mut().zip(value.scatter(shards)) {
+                part.insert(key.clone(), piece);
+            }
+        }
+        parts
+    }
+}
+
+impl<K, V, S> Scatter for HashMap<K, V, S>
+where
+    K: Eq + Hash + Clone,
+    V: Scatter,
+    S: BuildHasher + Clone,
+{
+    fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
+        merge_all(self.values(), dim)
+    }
+
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        let hasher = self.hasher().clone();
+        let mut parts: Vec<Self> = (0..shards.len())
+            .map(|_| HashMap::with_capacity_and_hasher(self.len(), hasher.clone()))
+            .collect();
+        for (key, value) in self {
+            for (part, piece) in parts.iter_mut().zip(value.scatter(shards)) {
+                part.insert(key.clone(), piece);
+            }
+        }
+        parts
+    }
+}
+
+/// Each part's share of the batch's loss where the parts state loss weights
+/// ([`Scatter::loss_weight`]), `None` where none does.
+///
+/// # Errors
+///
+/// [`DataParallelError::InvalidLossWeight`] for a weight that is negative, not finite or
+/// missing beside others; [`DataParallelError::ZeroLossWeights`] when they add up to zero.
+pub(crate) fn stated_shares<I: Scatter>(
+    parts: &[I],
+) -> Result<Option<Vec<f64>>, DataParallelError> {
+    let weights: Vec<Option<f64>> = parts.iter().map(Scatter::loss_weight).collect();
+    if weights.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let bad = |w: &Option<f64>| !w.is_some_and(|w| w.is_finite() && w >= 0.0);
+    if let Some(shard) = weights.iter().position(bad) {
+        return Err(DataParallelError::InvalidLossWeight {
+            shard,
+            weight: weights[shard],
+        });
+    }
+    let weights: Vec<f64> = weights.into_iter().flatten().collect();
+    let total: f64 = weights.iter().sum();
+    if total == 0.0 {
+        return Err(DataParallelError::ZeroLossWeights);
+    }
+    Ok(Some(weights.iter().map(|w| w / total).collect()))
+}

@@ -1,0 +1,119 @@
+//! One forward of a [`DataParallel`](crate::DataParallel), the whole algorithm:
+//!
+//! ```text
+//! shards   = scatter(input, devices, dim)     // scatter/: split the batch, move each shard
+//! replicas = replicate(module, shard devices) // replicate.rs: copies of the parameters
+//! outputs  = parallel_apply(replicas, shards) // parallel_apply.rs: one lane per device
+//! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
+//! ```
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::module::Module;
+
+use crate::config::Settings;
+use crate::error::{BoxError, DataParallelError};
+use crate::gather::Gather;
+use crate::parallel_apply::{self, Failure};
+use crate::replicate::{bring_home, replicate};
+use crate::scatter::{Scatter, stated_shares};
+use crate::shards::{Shards, shard_sizes};
+
+/// Runs `forward` on every shard of `input` and gathers the outputs.
+///
+/// # Errors
+///
+/// Those of [`shards`]; those of the loss weights the parts state; the first replica's
+/// failure; those of [`Gather::gather`].
+pub(crate) fn forward<M, I, O, F>(
+    module: &M,
+    settings: &Settings,
+    input: I,
+    forward: F,
+) -> Result<O, DataParallelError>
+where
+    M: Module,
+    I: Scatter + Send,
+    O: Gather + Send,
+    F: Fn(&M, I) -> Result<O, BoxError> + Sync,
+{
+    let mut shards = shards(settings, &input)?;
+    let direct = shards.len() == 1 && shards.devices()[0] == settings.output_device;
+    let workers = match (&settings.workers, direct || parallel_apply::in_replica()) {
+        (Some(workers), false) => workers,
+        // One shard on the module's device, or a wrapper inside a replica: the module itself,
+        // on the calling thread, as the bare model.
+        _ => return direct_forward(module, settings, input, &forward),
+    };
+    let inputs = input.scatter(&shards);
+    if let Some(shares) = stated_shares(&inputs)? {
+        shards.set_loss_shares(shares);
+    }
+    let replicas = replicate(module, shards.devices());
+    let jobs = (shards.replicas().iter().copied())
+        .zip(replicas)
+        .zip(inputs)
+        .map(|((entry, replica), input)| (entry, replica, input))
+        .collect();
+    let results = workers.apply(jobs, &forward);
+    if shards
+        .devices()
+        .iter()
+        .any(|d| *d != settings.output_device)
+    {
+        bring_home(module, &settings.output_device);
+    }
+    let mut outputs = Vec::with_capacity(results.len());
+    for ((result, &entry), device) in results
+        .into_iter()
+        .zip(shards.replicas())
+        .zip(shards.devices())
+    {
+        outputs.push(result.map_err(|failure| failure.into_error(entry, format!("{device:?}")))?);
+    }
+    O::gather(outputs, &shards)
+}
+
+/// The module's own forward on the whole input, on the calling thread, its failures typed as
+/// replica 0's.
+fn direct_forward<M, I, O, F>(
+    module: &M,
+    settings: &Settings,
+    input: I,
+    forward: &F,
+) -> Result<O, DataParallelError>
+where
+    F: Fn(&M, I) -> Result<O, BoxError>,
+{
+    let device = || format!("{:?}", settings.output_device);
+    match catch_unwind(AssertUnwindSafe(|| forward(module, input))) {
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(error)) => Err(Failure::Failed(error).into_error(0, device())),
+        Err(payload) => Err(Failure::Panicked(payload).into_error(0, device())),
+    }
+}
+
+/// How `input` would be split over the devices of `settings`.
+///
+/// # Errors
+///
+/// [`DataParallelError::NothingToScatter`] when `input` holds no tensor to split along the
+/// settings' `dim`, [`DataParallelError::EmptyBatch`] when its batch is empty, and the
+/// errors of [`Scatter::batch_size`] (tensors that disagree on the batch size).
+pub(crate) fn shards<I: Scatter>(
+    settings: &Settings,
+    input: &I,
+) -> Result<Shards, DataParallelError> {
+    let dim = settings.dim;
+    match input.batch_size(dim)? {
+        None => Err(DataParallelError::NothingToScatter { dim }),
+        Some(0) => Err(DataParallelError::EmptyBatch { dim }),
+        Some(batch_size) => {
+            let weights = settings.shard_weights.as_deref();
+            let sizes = shard_sizes(batch_size, settings.devices.len(), weights);
+            let output_device = settings.output_device.clone();
+            let shards = Shards::from_sizes(&sizes, &settings.devices, dim, output_device);
+            Ok(shards.with_loss_reduction(settings.loss_reduction))
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! What the tests share: the device lists every test runs on, the bare-model comparisons and
+//! a watchdog.
+
+#![allow(dead_code)]
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Gradients;
+use burn::tensor::{Device, Tensor};
+
+/// Instantiates `$body(devices)` once per device list: several replicas on Flex, and two
+/// distinct devices of different backends (Flex and NdArray), which moves every parameter,
+/// shard, output and gradient between them.
+#[macro_export]
+macro_rules! on_every_device_list {
+    ($($name:ident => $body:path),+ $(,)?) => {
+        mod flex_two {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex(2))); })+
+        }
+        mod flex_three {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex(3))); })+
+        }
+        mod flex_and_ndarray {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex_and_ndarray())); })+
+        }
+    };
+}
+
+/// `n` replicas on the Flex CPU device, with autodiff.
+pub fn flex(n: usize) -> Vec<Device> {
+    vec![Device::flex().autodiff(); n]
+}
+
+/// Two distinct devices, Flex then NdArray (deprecated in Burn 0.22, but the one other CPU
+/// backend: distinct devices without a GPU or a Vulkan driver), with autodiff.
+#[allow(deprecated)]
+pub fn flex_and_ndarray() -> Vec<Device> {
+    vec![Device::flex().autodiff(), Device::ndarray().autodiff()]
+}
+
+/// Runs `body` on a thread of its own and fails the test if it takes over a minute (a hang
+/// fails in bounded time) or panics.
+pub fn within<F: FnOnce() + Send + 'static>(body: F) {
+    let (done, finished) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => handle.join().expect("the test body"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(payload) = handle.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within 60 s"),
+    }
+}
+
+/// The values of `tensor`, on the host.
+pub fn values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 values")
+}
+
+/// Asserts that two tensors hold the same shape and values within `tolerance` (absolute,
+/// relative to the larger magnitude above 1).
+pub fn assert_close<const D: usize>(
+    found: Tensor<D>,
+    expected: Tensor<D>,
+    tolerance: f32,
+    what: &str,
+) {
+    assert_eq!(found.dims(), expected.dims(), "{what}: shapes");
+    let (found, expected) = (values(found), values(expected));
+    for (i, (f, e)) in found.iter().zip(&expected).enumerate() {
+        let scale = f.abs().max(e.abs()).max(1.0);
+        assert!(
+            (f - e).abs() <= tolerance * scale,
+            "{what}: element {i} is {f}, expected {e}"
+        );
+    }
+}
+
+/// Every float parameter's value and gradient, in visiting order.
+pub fn params_and_grads<M: Module>(
+    module: &M,
+    grads: &Gradients,
+) -> Vec<(Tensor<1>, Option<Tensor<1>>)> {
+    struct Collect<'a> {
+        grads: &'a Gradients,
+        out: Vec<(Tensor<1>, Option<Tensor<1>>)>,
+    }
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let grad = value.grad(self.grads).map(|g| g.flatten(0, D - 1));
+            self.out.push((value.flatten(0, D - 1).detach(), grad));
+        }
+    }
+    let mut collect = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut collect);
+    collect.out
+}
+
+/// Every float parameter's value, in visiting order.
+pub fn params<M: Module>(module: &M) -> Vec<Tensor<1>> {
+    struct Collect(Vec<Tensor<1>>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().flatten(0, D - 1).detach());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
+
+/// Asserts that two modules' parameters agree within `tolerance`.
+pub fn assert_same_params<M: Module>(found: &M, expected: &M, tolerance: f32) {
+    let (found, expected) = (params(found), params(expected));
+    assert_eq!(found.len(), expected.len(), "parameter count");
+    for (i, (f, e)) in found.into_iter().zip(expected).enumerate() {
+        assert_close(f, e, tolerance, &format!("parameter {i}"));
+    }
+}
+
+/// Asserts that the gradients `found` gives `module`'s parameters are those `expected` gives.
+pub fn assert_same_grads<M: Module>(
+    module: &M,
+    found: &Gradients,
+    expected: &Gradients,
+    tolerance: f32,
+) {
+    let found = params_and_grads(module, found);
+    let expected = params_and_grads(module, expected);
+    for (i, ((_, f), (_, e))) in found.into_iter().zip(expected).enumerate() {
+        match (f, e) {
+            (Some(f), Some(e)) => assert_close(f, e, tolerance, &format!("gradient {i}")),
+            (None, None) => {}
+            (f, e) => panic!(
+                "gradient {i}: found {}, expected {}",
+                f.is_some(),
+                e.is_some()
+            ),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Outputs and gradients equal the bare model's on the whole batch.
+
+use burn::tensor::{Device, Tensor};
+use burn_dataparallel::{DataParallel, Mean, Sum};
+
+use super::models::{Mlp, batch};
+use crate::common::{assert_close, assert_same_grads};
+
+/// The wrapper's output and the gradients of a squared loss through it, against the bare
+/// model's, for a batch of `rows`.
+fn outputs_and_gradients_match(devices: &[Device], rows: usize) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
+    let (x, _) = batch(rows, device);
+
+    let expected = model.forward(x.clone());
+    let found = dp.forward(x);
+    assert_close(found.clone(), expected.clone(), 1e-5, "output");
+
+    let expected_grads = expected.powi_scalar(2).sum().backward();
+    let found_grads = found.powi_scalar(2).sum().backward();
+    assert_same_grads(dp.module(), &found_grads, &expected_grads, 1e-4);
+}
+
+pub fn even_batches(devices: &[Device]) {
+    outputs_and_gradients_match(devices, 12);
+}
+
+pub fn uneven_batches(devices: &[Device]) {
+    outputs_and_gradients_match(devices, 7);
+}
+
+pub fn batches_smaller_than_the_device_list(devices: &[Device]) {
+    outputs_and_gradients_match(devices, 2);
+    outputs_and_gradients_match(devices, 1);
+}
+
+/// `Mean` of per-replica means is the whole batch's mean, even for uneven shards; `Sum` the
+/// whole batch's sum.
+pub fn mean_and_sum_losses_are_the_whole_batch_s(devices: &[Device]) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
+    let (x, y) = batch(7, device);
+
+    let bare = || (model.forward(x.clone()) - y.clone()).powi_scalar(2);
+    let wrapped = || {
+        dp.forward_with((x.clone(), y.clone()), |m, (x, y)| {
+            let error = (m.forward(x) - y).powi_scalar(2);
+            (Mean(error.clone().mean()), Sum(error.sum()))
+        })
+    };
+    // One backward per graph: Burn keeps no graph after a backward.
+    let (expected, (Mean(found), _)) = (bare().mean(), wrapped());
+    assert_close(found.clone(), expected.clone(), 1e-5, "mean");
+    assert_same_grads(dp.module(), &found.backward(), &expected.backward(), 1e-4);
+    let (expected, (_, Sum(found))) = (bare().sum(), wrapped());
+    assert_close(found.clone(), expected.clone(), 1e-5, "sum");
+    assert_same_grads(dp.module(), &found.backward(), &expected.backward(), 1e-4);
+}
+
+/// Several forwards before one backward (gradient accumulation), and the wrapper applied to
+/// its own output.
+pub fn several_forwards_before_one_backward(devices: &[Device]) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
+    let (a, _) = batch(5, device);
+    let (b, _) = batch(4, device);
+    let square = |t: Tensor<2>| t.powi_scalar(2).sum();
+
+    let expected = square(model.forward(a.clone())) + square(model.forward(b.clone()));
+    let found = square(dp.forward(a)) + square(dp.forward(b));
+    assert_close(found.clone(), expected.clone(), 1e-5, "loss");
+    assert_same_grads(dp.module(), &found.backward(), &expected.backward(), 1e-4);
+}
+
+/// A wrapper inside a replica of another runs its module directly.
+pub fn a_wrapper_inside_a_replica(devices: &[Device]) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let inner = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
+    let outer = DataParallel::new(inner.clone(), devices.to_vec()).unwrap();
+    let (x, _) = batch(6, device);
+
+    let expected = model.forward(x.clone());
+    let found = outer.forward_with(x, |inner, x| inner.forward(x));
+    assert_close(found.clone(), expected.clone(), 1e-5, "output");
+    let grads = found.sum().backward();
+    assert_same_grads(
+        outer.module().module(),
+        &grads,
+        &expected.sum().backward(),
+        1e-4,
+    );
+}
+
+crate::on_every_device_list!(
+    even_batches => super::even_batches,
+    uneven_batches => super::uneven_batches,
+    batches_smaller_than_the_device_list => super::batches_smaller_than_the_device_list,
+    mean_and_sum_losses_are_the_whole_batch_s => super::mean_and_sum_losses_are_the_whole_batch_s,
+    several_forwards_before_one_backward => super::several_forwards_before_one_backward,
+    a_wrapper_inside_a_replica => super::a_wrapper_inside_a_replica,
+);

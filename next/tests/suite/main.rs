@@ -1,0 +1,13 @@
+//! The crate's behaviour against the bare model, each test run on every device list of
+//! `common::on_every_device_list!`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod batch_norm;
+mod equivalence;
+mod errors;
+mod models;
+mod record;
+mod side_inputs;
+mod training;
