@@ -7,8 +7,8 @@ use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
 
 use crate::error::DataParallelError;
-use crate::scatter::move_to;
 use crate::shards::Shards;
+use crate::transfer::move_to;
 
 /// A value that can be combined from one output per replica.
 ///

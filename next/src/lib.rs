@@ -123,6 +123,7 @@
 
 mod config;
 mod data_parallel;
+mod devices;
 mod error;
 mod forward;
 mod gather;
@@ -132,9 +133,13 @@ mod replicate;
 mod scatter;
 mod shards;
 mod step;
+#[cfg(feature = "train")]
+mod train;
+mod transfer;
 
 pub use config::{DataParallelConfig, LossReduction};
 pub use data_parallel::DataParallel;
+pub use devices::{DeviceList, ParseDeviceError};
 pub use error::{BoxError, DataParallelError};
 pub use forward::Forward;
 pub use gather::{Gather, Mean, Sum};

@@ -1,14 +1,27 @@
 //! The replicas' copies of the parameters.
 //!
 //! A replica on the module's own device is the module itself (a clone shares its
-//! parameters); a replica on another device is the module moved there with Burn's
-//! `Module::to_device`, which is differentiable: the backward of each moved parameter brings
-//! its gradient back to the parameter, where Burn's autodiff adds the replicas' gradients.
+//! parameters). A replica on another device is, for a forward, the module moved there with
+//! Burn's `Module::to_device`, which is differentiable: the backward of each moved parameter
+//! brings its gradient back to the parameter, where Burn's autodiff adds the replicas'
+//! gradients. For a replica that runs its own backward (burn-train's `TrainStep`), it is the
+//! module forked there: parameters of its own, under the same ids, whose gradients the
+//! wrapper then sums (`train/combine.rs`).
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Tensor};
 
-/// One replica of `module` per entry of `devices`, in order.
+/// How replicas on other devices than the module's are tied to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    /// Moved with `to_device`: the caller's backward reaches the module's parameters.
+    Tied,
+    /// Forked: parameters of their own (same ids), for a backward inside the replica.
+    Own,
+}
+
+/// One replica of `module` per entry of `devices`, in order, each tied to `module` by
+/// Burn's differentiable `to_device` (a forward's replicas).
 ///
 /// # Example
 ///
@@ -25,13 +38,19 @@ use burn::tensor::{Device, Tensor};
 /// assert_eq!(replicas[1].weight.id, model.weight.id);
 /// ```
 pub fn replicate<M: Module>(module: &M, devices: &[Device]) -> Vec<M> {
+    replicas(module, devices, Replicas::Tied)
+}
+
+/// One replica of `module` per entry of `devices`, tied to it as `how` says.
+pub(crate) fn replicas<M: Module>(module: &M, devices: &[Device], how: Replicas) -> Vec<M> {
     let home = module.devices();
     devices
         .iter()
-        .map(|device| match home.as_slice() {
-            [] => module.clone(),
-            [only] if only == device => module.clone(),
-            _ => module.clone().to_device(device),
+        .map(|device| match (home.as_slice(), how) {
+            ([], _) => module.clone(),
+            ([only], _) if only == device => module.clone(),
+            (_, Replicas::Tied) => module.clone().to_device(device),
+            (_, Replicas::Own) => module.clone().fork(device),
         })
         .collect()
 }

@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
-use crate::replicate::{bring_home, replicate};
+use crate::replicate::{Replicas, bring_home, replicas};
 use crate::scatter::{Scatter, stated_shares};
 use crate::shards::{Shards, shard_sizes};
 
@@ -23,8 +23,7 @@ use crate::shards::{Shards, shard_sizes};
 ///
 /// # Errors
 ///
-/// Those of [`shards`]; those of the loss weights the parts state; the first replica's
-/// failure; those of [`Gather::gather`].
+/// Those of [`apply`] and of [`Gather::gather`].
 pub(crate) fn forward<M, I, O, F>(
     module: &M,
     settings: &Settings,
@@ -37,25 +36,59 @@ where
     O: Gather + Send,
     F: Fn(&M, I) -> Result<O, BoxError> + Sync,
 {
+    match apply(module, settings, input, Replicas::Tied, forward)? {
+        Applied::Direct(output) => Ok(output),
+        Applied::Replicas(shards, outputs) => O::gather(outputs, &shards),
+    }
+}
+
+/// What [`apply`] gives back.
+pub(crate) enum Applied<R> {
+    /// The module's own result: one shard on its device, or a wrapper inside a replica.
+    Direct(R),
+    /// Each replica's result, in shard order, with the split that gave them.
+    Replicas(Shards, Vec<R>),
+}
+
+/// The stages every step shares: scatter `input`, replicate `module` (tied as `how` says),
+/// run `f` on every replica with its shard, each on its lane.
+///
+/// # Errors
+///
+/// Those of [`shards`]; those of the loss weights the parts state; the first replica's
+/// failure.
+pub(crate) fn apply<M, I, R, F>(
+    module: &M,
+    settings: &Settings,
+    input: I,
+    how: Replicas,
+    f: F,
+) -> Result<Applied<R>, DataParallelError>
+where
+    M: Module,
+    I: Scatter + Send,
+    R: Send,
+    F: Fn(&M, I) -> Result<R, BoxError> + Sync,
+{
     let mut shards = shards(settings, &input)?;
     let direct = shards.len() == 1 && shards.devices()[0] == settings.output_device;
     let workers = match (&settings.workers, direct || parallel_apply::in_replica()) {
         (Some(workers), false) => workers,
         // One shard on the module's device, or a wrapper inside a replica: the module itself,
         // on the calling thread, as the bare model.
-        _ => return direct_forward(module, settings, input, &forward),
+        _ => return direct_forward(module, settings, input, &f).map(Applied::Direct),
     };
     let inputs = input.scatter(&shards);
     if let Some(shares) = stated_shares(&inputs)? {
         shards.set_loss_shares(shares);
     }
-    let replicas = replicate(module, shards.devices());
+    let copies = replicas(module, shards.devices(), how);
     let jobs = (shards.replicas().iter().copied())
-        .zip(replicas)
+        .zip(copies)
         .zip(inputs)
         .map(|((entry, replica), input)| (entry, replica, input))
         .collect();
-    let results = workers.apply(jobs, &forward);
+    let results = workers.apply(jobs, &f);
     if shards
         .devices()
         .iter()
@@ -64,14 +97,11 @@ where
         bring_home(module, &settings.output_device);
     }
     let mut outputs = Vec::with_capacity(results.len());
-    for ((result, &entry), device) in results
-        .into_iter()
-        .zip(shards.replicas())
-        .zip(shards.devices())
-    {
+    let places = shards.replicas().iter().zip(shards.devices());
+    for (result, (&entry, device)) in results.into_iter().zip(places) {
         outputs.push(result.map_err(|failure| failure.into_error(entry, format!("{device:?}")))?);
     }
-    O::gather(outputs, &shards)
+    Ok(Applied::Replicas(shards, outputs))
 }
 
 /// The module's own forward on the whole input, on the calling thread, its failures typed as

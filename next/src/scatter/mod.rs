@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
+use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
-use burn::tensor::{Device, Tensor};
 
 use crate::error::DataParallelError;
 use crate::shards::Shards;
+use crate::transfer::move_to;
 
 mod whole;
 
@@ -24,7 +25,7 @@ pub use whole::{Broadcast, Shared};
 /// # Example
 ///
 /// ```
-/// use burn::tensor::{Device, Tensor};
+/// use burn::tensor::Tensor;
 /// use burn_dataparallel::{Scatter, Shards};
 ///
 /// let device = Device::flex();
@@ -78,18 +79,6 @@ pub fn merge_batch_size(
         }
         (Some(size), _) | (None, Some(size)) => Ok(Some(size)),
         (None, None) => Ok(None),
-    }
-}
-
-/// `tensor` on `device`: Burn's differentiable move, skipped where it is there already.
-pub(crate) fn move_to<const D: usize, K: Basic>(
-    tensor: Tensor<D, K>,
-    device: &Device,
-) -> Tensor<D, K> {
-    if tensor.device() == *device {
-        tensor
-    } else {
-        tensor.to_device(device)
     }
 }
 

@@ -4,9 +4,10 @@
 use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
 
-use super::{Scatter, move_to};
+use super::Scatter;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
+use crate::transfer::move_to;
 
 /// A tensor every replica receives whole, on its own device: a learnable scale, prototypes,
 /// a shared embedding table. Its gradient is the sum of the replicas', as for a parameter.

@@ -25,6 +25,15 @@ macro_rules! on_every_device_list {
         mod flex_and_ndarray {
             $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex_and_ndarray())); })+
         }
+        /// The devices of `DATAPARALLEL_DEVICES` (a `DeviceList`: `cuda:0,cuda:0`,
+        /// `cuda:0,cpu`), run with `--ignored` on a machine that has them.
+        mod listed {
+            $(
+                #[test]
+                #[ignore = "runs on the devices of DATAPARALLEL_DEVICES"]
+                fn $name() { $crate::common::within(|| $body(&$crate::common::listed())); }
+            )+
+        }
     };
 }
 
@@ -38,6 +47,20 @@ pub fn flex(n: usize) -> Vec<Device> {
 #[allow(deprecated)]
 pub fn flex_and_ndarray() -> Vec<Device> {
     vec![Device::flex().autodiff(), Device::ndarray().autodiff()]
+}
+
+/// The devices of `DATAPARALLEL_DEVICES`, with autodiff.
+///
+/// # Panics
+///
+/// When the variable is unset or does not parse.
+pub fn listed() -> Vec<Device> {
+    let list =
+        std::env::var("DATAPARALLEL_DEVICES").expect("DATAPARALLEL_DEVICES names the devices");
+    let devices: burn_dataparallel::DeviceList = list
+        .parse()
+        .unwrap_or_else(|error| panic!("DATAPARALLEL_DEVICES={list}: {error}"));
+    devices.autodiff().into_vec()
 }
 
 /// Runs `body` on a thread of its own and fails the test if it takes over a minute (a hang

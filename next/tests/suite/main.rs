@@ -7,6 +7,7 @@ mod common;
 mod batch_norm;
 mod equivalence;
 mod errors;
+mod learner;
 mod models;
 mod record;
 mod side_inputs;

@@ -1,0 +1,121 @@
+//! burn-train's steps through the wrapper: the model's own `TrainStep`, `optimize` and
+//! `InferenceStep` on every shard, against the bare model's.
+
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::optim::{ModuleOptimizer, SgdConfig};
+use burn::tensor::{Device, Tensor};
+use burn::train::{InferenceStep, RegressionOutput, TrainOutput, TrainStep};
+use burn_dataparallel::{DataParallel, impl_scatter};
+
+use super::models::{Mlp, batch};
+use crate::common::{assert_close, assert_same_params};
+
+#[derive(Debug, Clone)]
+pub struct Batch {
+    inputs: Tensor<2>,
+    targets: Tensor<2>,
+}
+
+impl_scatter!(Batch { inputs, targets });
+
+/// The perceptron as a regressor with burn-train's steps.
+#[derive(Module, Debug)]
+pub struct Regressor {
+    mlp: Mlp,
+}
+
+impl Regressor {
+    fn output(&self, batch: Batch) -> RegressionOutput {
+        let output = self.mlp.forward(batch.inputs);
+        let loss = MseLoss::new().forward(output.clone(), batch.targets.clone(), Reduction::Mean);
+        RegressionOutput {
+            loss,
+            output,
+            targets: batch.targets,
+        }
+    }
+}
+
+impl TrainStep for Regressor {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> TrainOutput<RegressionOutput> {
+        let item = self.output(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl InferenceStep for Regressor {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> RegressionOutput {
+        self.output(batch)
+    }
+}
+
+fn batches(device: &Device) -> Vec<Batch> {
+    [7, 9, 4]
+        .into_iter()
+        .map(|rows| {
+            let (inputs, targets) = batch(rows, device);
+            Batch { inputs, targets }
+        })
+        .collect()
+}
+
+/// Three training steps, each the model's `TrainStep::step` then its `optimize`, wrapped
+/// and bare: the same items and the same parameters.
+pub fn train_steps_match_the_bare_model(devices: &[Device]) {
+    let device = &devices[0];
+    let mut bare = Regressor {
+        mlp: Mlp::new(device),
+    };
+    let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
+    let mut bare_optim = ModuleOptimizer::from(SgdConfig::new().init());
+    let mut dp_optim = ModuleOptimizer::from(SgdConfig::new().init());
+    for batch in batches(device) {
+        let expected = TrainStep::step(&bare, batch.clone());
+        let found = TrainStep::step(&dp, batch);
+        assert_close(
+            found.item.loss.clone(),
+            expected.item.loss.clone(),
+            1e-5,
+            "loss",
+        );
+        assert_close(
+            found.item.output.clone(),
+            expected.item.output.clone(),
+            1e-5,
+            "output",
+        );
+        assert_eq!(found.grads.len(), expected.grads.len(), "gradients");
+        bare = bare.optimize(&mut bare_optim, 0.1.into(), expected.grads);
+        dp = dp.optimize(&mut dp_optim, 0.1.into(), found.grads);
+        assert_same_params(dp.module(), &bare, 1e-5);
+    }
+    assert_eq!(dp.devices(), vec![device.clone()]);
+}
+
+/// The model's `InferenceStep` on every shard of its `valid()` copy.
+pub fn inference_steps_match_the_bare_model(devices: &[Device]) {
+    let device = &devices[0];
+    let bare = Regressor {
+        mlp: Mlp::new(device),
+    };
+    let dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
+    let (bare, dp) = (bare.valid(), dp.valid());
+    for batch in batches(device) {
+        let expected = InferenceStep::step(&bare, batch.clone());
+        let found = InferenceStep::step(&dp, batch);
+        assert_close(found.loss, expected.loss, 1e-5, "loss");
+        assert_close(found.output, expected.output, 1e-5, "output");
+    }
+}
+
+crate::on_every_device_list!(
+    train_steps_match_the_bare_model => super::train_steps_match_the_bare_model,
+    inference_steps_match_the_bare_model => super::inference_steps_match_the_bare_model,
+);
