@@ -47,7 +47,7 @@ pub(crate) enum Applied<R> {
     /// The module's own result: one shard on its device, or a wrapper inside a replica.
     Direct(R),
     /// Each replica's result, in shard order, with the split that gave them.
-    Replicas(Shards, Vec<R>),
+    Replicas(Box<Shards>, Vec<R>),
 }
 
 /// The stages every step shares: scatter `input`, replicate `module` (tied as `how` says),
@@ -101,7 +101,7 @@ where
     for (result, (&entry, device)) in results.into_iter().zip(places) {
         outputs.push(result.map_err(|failure| failure.into_error(entry, format!("{device:?}")))?);
     }
-    Ok(Applied::Replicas(shards, outputs))
+    Ok(Applied::Replicas(Box::new(shards), outputs))
 }
 
 /// The module's own forward on the whole input, on the calling thread, its failures typed as
