@@ -25,7 +25,7 @@ pub use whole::{Broadcast, Shared};
 /// # Example
 ///
 /// ```
-/// use burn::tensor::Tensor;
+/// use burn::tensor::{Device, Tensor};
 /// use burn_dataparallel::{Scatter, Shards};
 ///
 /// let device = Device::flex();

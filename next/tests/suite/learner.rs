@@ -74,8 +74,8 @@ pub fn train_steps_match_the_bare_model(devices: &[Device]) {
         mlp: Mlp::new(device),
     };
     let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
-    let mut bare_optim = ModuleOptimizer::from(SgdConfig::new().init());
-    let mut dp_optim = ModuleOptimizer::from(SgdConfig::new().init());
+    let mut bare_optim: ModuleOptimizer = SgdConfig::new().init();
+    let mut dp_optim: ModuleOptimizer = SgdConfig::new().init();
     for batch in batches(device) {
         let expected = TrainStep::step(&bare, batch.clone());
         let found = TrainStep::step(&dp, batch);
