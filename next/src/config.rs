@@ -72,7 +72,8 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`DataParallelError::NoDevices`], [`DataParallelError::OutputDeviceIndex`], those of [`check_weights`], and
+    /// [`DataParallelError::NoDevices`], [`DataParallelError::UnknownDevice`],
+    /// [`DataParallelError::OutputDeviceIndex`], those of [`check_weights`], and
     /// [`DataParallelError::WorkerSpawn`].
     pub(crate) fn new(
         config: &DataParallelConfig,
@@ -81,6 +82,7 @@ impl Settings {
         if devices.is_empty() {
             return Err(DataParallelError::NoDevices);
         }
+        crate::devices::check_present(&devices)?;
         let output_device = devices.get(config.output_index).cloned().ok_or(
             DataParallelError::OutputDeviceIndex {
                 index: config.output_index,

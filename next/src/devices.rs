@@ -5,6 +5,8 @@ use std::str::FromStr;
 use burn::tensor::Device;
 use thiserror::Error;
 
+use crate::error::DataParallelError;
+
 /// A list of devices parsed from text: comma-separated entries, one per replica.
 ///
 /// | entry | device | needs the crate feature |
@@ -140,6 +142,40 @@ fn parse_entry(entry: &str) -> Result<Device, ParseDeviceError> {
             entry: entry.to_string(),
         }),
     }
+}
+
+/// Checks that every one of `devices` exists on this machine: a CUDA GPU past the ones CUDA
+/// counts is refused before anything runs on it (with the `cuda` feature; other kinds are
+/// not looked up).
+///
+/// # Errors
+///
+/// [`DataParallelError::UnknownDevice`] for the first device that does not exist.
+pub(crate) fn check_present(devices: &[Device]) -> Result<(), DataParallelError> {
+    #[cfg(feature = "cuda")]
+    {
+        use burn::backend::{CubeDevice, DispatchDevice};
+        use burn::tensor::DeviceType;
+        let is_cuda = |device: &Device| {
+            let plain = device.clone().inner();
+            matches!(
+                plain.as_dispatch(),
+                DispatchDevice::Cube(CubeDevice::Cuda(_))
+            )
+        };
+        if devices.iter().any(is_cuda) {
+            let present = Device::enumerate(DeviceType::Cuda).into_vec();
+            if let Some(device) = devices.iter().find(|d| is_cuda(d) && !present.contains(d)) {
+                return Err(DataParallelError::UnknownDevice {
+                    device: format!("{device:?}"),
+                    available: format!("{present:?}"),
+                });
+            }
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = devices;
+    Ok(())
 }
 
 fn flex() -> Option<Device> {

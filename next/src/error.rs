@@ -17,6 +17,17 @@ pub enum DataParallelError {
     #[error("DataParallel needs at least one device, none was given")]
     NoDevices,
 
+    /// A listed device does not exist on this machine (a CUDA GPU index past the GPUs).
+    #[error(
+        "device {device} does not exist on this machine; its devices of that kind are {available}"
+    )]
+    UnknownDevice {
+        /// The device asked for.
+        device: String,
+        /// The devices of that kind this machine has.
+        available: String,
+    },
+
     /// The number of shard weights differs from the number of devices.
     #[error("{found} shard weights were given for {expected} devices")]
     ShardWeightsLength {

@@ -184,3 +184,20 @@ crate::on_every_device_list!(
     outputs_that_disagree_are_refused => super::outputs_that_disagree_are_refused,
     captures_stay_on_the_output_device => super::captures_stay_on_the_output_device,
 );
+
+/// A CUDA GPU that does not exist is refused when the wrapper is made, naming it.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_that_does_not_exist_is_a_typed_error() {
+    let device = Device::cuda(0).autodiff();
+    let result = DataParallel::new(Mlp::new(&device), vec![device.clone(), Device::cuda(99)]);
+    match result {
+        Err(DataParallelError::UnknownDevice { device, available }) => {
+            assert!(device.contains("99"), "{device}");
+            assert!(available.contains('0'), "{available}");
+        }
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("a wrapper over a GPU that does not exist"),
+    }
+}
