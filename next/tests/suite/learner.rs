@@ -17,6 +17,12 @@ pub struct Batch {
     targets: Tensor<2>,
 }
 
+impl Batch {
+    pub fn new(inputs: Tensor<2>, targets: Tensor<2>) -> Self {
+        Self { inputs, targets }
+    }
+}
+
 impl_scatter!(Batch { inputs, targets });
 
 /// The perceptron as a regressor with burn-train's steps.
@@ -26,6 +32,10 @@ pub struct Regressor {
 }
 
 impl Regressor {
+    pub fn new(mlp: Mlp) -> Self {
+        Self { mlp }
+    }
+
     fn output(&self, batch: Batch) -> RegressionOutput {
         let output = self.mlp.forward(batch.inputs);
         let loss = MseLoss::new().forward(output.clone(), batch.targets.clone(), Reduction::Mean);

@@ -8,6 +8,7 @@ mod batch_norm;
 mod equivalence;
 mod errors;
 mod learner;
+mod learner_usage;
 mod models;
 mod record;
 mod side_inputs;

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The suite on CUDA: built on a machine without a GPU, run on one with.
+#
+#   next/scripts/gpu.sh build              # here: the release test binaries, CUDA with Burn's
+#                                          # fusion and autotune (FEATURES to change), into
+#                                          # next/gpu-bundle/ (xz-compressed; ignored by git)
+#   next/scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
+#                                          # the suite on every device list of LISTS, each
+#                                          # test file in a fresh process, logs in LOG_DIR
+#
+# LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
+# replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
+# whole set (1). Without Burn's `persistence` feature (FEATURES=...,burn/persistence) CubeCL
+# keeps no cache between processes: every list's time includes compiling its kernels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE=gpu-bundle
+
+build() {
+    export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+    local features=${FEATURES:-cuda,fusion,autotune}
+    bash ../scripts/llvm-from-pypi.sh
+    mkdir -p "$BUNDLE"
+    cargo test --release --features "$features" --no-run --message-format=json \
+        | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name path; do
+        xz -T0 -3 -c "$path" > "$BUNDLE/$name.xz"
+        echo "$BUNDLE/$name.xz: $(du -h "$BUNDLE/$name.xz" | cut -f1)"
+    done
+    echo "$features" > "$BUNDLE/features"
+}
+
+run() {
+    local log=${1:?LOG_DIR}
+    mkdir -p "$log" "$BUNDLE/bin"
+    log=$(cd "$log" && pwd)
+    for packed in "$BUNDLE"/*.xz; do
+        local name; name=$(basename "$packed" .xz)
+        xz -dc "$packed" > "$BUNDLE/bin/$name"
+        chmod +x "$BUNDLE/bin/$name"
+    done
+    export RUST_BACKTRACE=1
+    echo "features: $(cat "$BUNDLE/features" 2>/dev/null)" | tee "$log/summary.txt"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log/summary.txt"
+    local lists=${LISTS:-cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0}
+    for round in $(seq 1 "${RUNS:-1}"); do
+        for list in $lists; do
+            local start; start=$(date +%s.%N)
+            local status=passed
+            DATAPARALLEL_DEVICES=$list timeout 300 "$BUNDLE/bin/suite" --ignored listed:: \
+                --test-threads=1 > "$log/suite-$round-$list.log" 2>&1 || status=FAILED
+            local took; took=$(echo "$(date +%s.%N) - $start" | bc)
+            local counts; counts=$(grep -E "^test result" "$log/suite-$round-$list.log" | tail -1)
+            printf 'round %s %-22s %s in %.1f s: %s\n' "$round" "$list" "$status" "$took" "$counts" \
+                | tee -a "$log/summary.txt"
+        done
+    done
+    timeout 120 "$BUNDLE/bin/suite" --ignored a_gpu_that_does_not_exist \
+        > "$log/unknown-device.log" 2>&1 && echo "unknown device: passed" | tee -a "$log/summary.txt" \
+        || echo "unknown device: FAILED" | tee -a "$log/summary.txt"
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) sed -n 2,14p "$0"; exit 2 ;;
+esac
