@@ -1,11 +1,12 @@
 //! Serialisable settings of a [`DataParallel`](crate::DataParallel), and the settings every
 //! copy of a wrapper carries.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::config::Config;
 use burn::tensor::Device;
 
+use crate::balance::{AdaptiveShardsConfig, Balancer, SharedBalancer};
 use crate::error::DataParallelError;
 use crate::parallel_apply::Workers;
 
@@ -39,6 +40,10 @@ pub struct DataParallelConfig {
     /// Per-device shares of each batch (one positive weight per device); even shards when
     /// `None`.
     pub shard_weights: Option<Vec<f64>>,
+    /// Shards that follow the replicas' measured times (starting from `shard_weights`, else
+    /// even): for devices of unequal speed. Measuring waits for each device at the end of its
+    /// replica's work, which costs the overlap of the devices' work on the steps it measures.
+    pub adaptive_shards: Option<AdaptiveShardsConfig>,
     /// How [`Mean`](crate::Mean) losses combine in burn-train's steps.
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
@@ -62,6 +67,8 @@ pub(crate) struct Settings {
     pub(crate) output_device: Device,
     pub(crate) dim: usize,
     pub(crate) shard_weights: Option<Vec<f64>>,
+    /// The adaptive split, shared by every copy of the wrapper.
+    pub(crate) balancer: Option<SharedBalancer>,
     pub(crate) loss_reduction: LossReduction,
     /// One lane per entry of `devices`; none for a single entry.
     pub(crate) workers: Option<Arc<Workers>>,
@@ -73,7 +80,8 @@ impl Settings {
     /// # Errors
     ///
     /// [`DataParallelError::NoDevices`], [`DataParallelError::UnknownDevice`],
-    /// [`DataParallelError::OutputDeviceIndex`], those of [`check_weights`], and
+    /// [`DataParallelError::OutputDeviceIndex`], those of [`check_weights`],
+    /// [`DataParallelError::InvalidAdaptiveShards`], and
     /// [`DataParallelError::WorkerSpawn`].
     pub(crate) fn new(
         config: &DataParallelConfig,
@@ -92,6 +100,15 @@ impl Settings {
         if let Some(weights) = &config.shard_weights {
             check_weights(weights, devices.len())?;
         }
+        let balancer = match &config.adaptive_shards {
+            Some(adaptive) => {
+                adaptive.check()?;
+                let weights = config.shard_weights.as_deref();
+                let balancer = Balancer::new(adaptive.clone(), devices.len(), weights);
+                Some(Arc::new(Mutex::new(balancer)))
+            }
+            None => None,
+        };
         let workers = match devices.len() {
             1 => None,
             entries => Some(Arc::new(Workers::new(entries)?)),
@@ -101,6 +118,7 @@ impl Settings {
             output_device,
             dim: config.dim,
             shard_weights: config.shard_weights.clone(),
+            balancer,
             loss_reduction: config.loss_reduction,
             workers,
         })

@@ -46,6 +46,19 @@ pub enum DataParallelError {
         weight: f64,
     },
 
+    /// The adaptive split's settings are out of range
+    /// ([`AdaptiveShardsConfig`](crate::AdaptiveShardsConfig)).
+    #[error(
+        "adaptive shards need a damping in (0, 1] and a finite tolerance of at least 0, not \
+         damping {damping} and tolerance {tolerance}"
+    )]
+    InvalidAdaptiveShards {
+        /// The damping given.
+        damping: f64,
+        /// The tolerance given.
+        tolerance: f64,
+    },
+
     /// A scattered part's loss weight ([`Scatter::loss_weight`](crate::Scatter::loss_weight))
     /// is negative, infinite or NaN, or is missing while other parts state theirs.
     #[error(

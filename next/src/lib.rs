@@ -121,6 +121,7 @@
 //! model = optim.step(0.1, model, grads);
 //! ```
 
+mod balance;
 mod config;
 mod data_parallel;
 mod devices;
@@ -136,7 +137,9 @@ mod step;
 #[cfg(feature = "train")]
 mod train;
 mod transfer;
+mod warm_up;
 
+pub use balance::AdaptiveShardsConfig;
 pub use config::{DataParallelConfig, LossReduction};
 pub use data_parallel::DataParallel;
 pub use devices::{DeviceList, ParseDeviceError};
@@ -146,3 +149,4 @@ pub use gather::{Gather, Mean, Sum};
 pub use replicate::replicate;
 pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
+pub use warm_up::WarmUp;

@@ -183,6 +183,26 @@ pub fn shard_sizes(batch_size: usize, slots: usize, weights: Option<&[f64]>) -> 
     }
 }
 
+/// `sizes`, moved so that every slot keeps at least one row where the batch has as many.
+pub(crate) fn at_least_one(mut sizes: Vec<usize>) -> Vec<usize> {
+    if sizes.iter().sum::<usize>() < sizes.len() {
+        return sizes;
+    }
+    while let Some(empty) = sizes.iter().position(|&n| n == 0) {
+        let largest = (0..sizes.len()).max_by_key(|&i| (sizes[i], usize::MAX - i));
+        let largest = largest.expect("a slot");
+        sizes[largest] -= 1;
+        sizes[empty] += 1;
+    }
+    sizes
+}
+
+/// The shard sizes of adaptive shards: by the balancer's weights, every slot keeping a row
+/// (a slot without rows would never be measured again).
+pub(crate) fn adaptive_sizes(batch_size: usize, weights: &[f64]) -> Vec<usize> {
+    at_least_one(shard_sizes(batch_size, weights.len(), Some(weights)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +220,12 @@ mod tests {
         assert_eq!(shard_sizes(8, 2, Some(&[1.0, 3.0])), vec![2, 6]);
         assert_eq!(shard_sizes(10, 3, Some(&[1.0, 1.0, 1.0])), vec![4, 3, 3]);
         assert_eq!(shard_sizes(3, 2, Some(&[1.0, 100.0])), vec![0, 3]);
+    }
+
+    #[test]
+    fn every_device_keeps_a_row() {
+        assert_eq!(adaptive_sizes(10, &[1.0, 1e-6, 1e-6]), [8, 1, 1]);
+        assert_eq!(at_least_one(vec![2, 0]), [1, 1]);
+        assert_eq!(at_least_one(vec![1, 0, 0]), [1, 0, 0]);
     }
 }

@@ -8,16 +8,18 @@
 //! ```
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
 
 use burn::module::Module;
 
+use crate::balance;
 use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
 use crate::replicate::{Replicas, bring_home, replicas};
 use crate::scatter::{Scatter, stated_shares};
-use crate::shards::{Shards, shard_sizes};
+use crate::shards::{Shards, adaptive_sizes, shard_sizes};
 
 /// Runs `forward` on every shard of `input` and gathers the outputs.
 ///
@@ -85,10 +87,23 @@ where
     let copies = replicas(module, shards.devices(), how);
     let jobs = (shards.replicas().iter().copied())
         .zip(copies)
-        .zip(inputs)
+        .zip(inputs.into_iter().enumerate())
         .map(|((entry, replica), input)| (entry, replica, input))
         .collect();
-    let results = workers.apply(jobs, &f);
+    // Adaptive shards time each replica's work up to its device having run it.
+    let measured = (settings.balancer.as_ref())
+        .and_then(|balancer| balance::lock(balancer).measure(shards.replicas(), shards.sizes()));
+    let timed = |replica: &M, (index, input): (usize, I)| {
+        let start = Instant::now();
+        let result = f(replica, input);
+        if let Some(measured) = &measured {
+            // A failed device reports it at its next use; a time is all this needs.
+            let _ = shards.devices()[index].sync();
+            measured.add(index, start.elapsed());
+        }
+        result
+    };
+    let results = workers.apply(jobs, &timed);
     if shards
         .devices()
         .iter()
@@ -139,8 +154,13 @@ pub(crate) fn shards<I: Scatter>(
         None => Err(DataParallelError::NothingToScatter { dim }),
         Some(0) => Err(DataParallelError::EmptyBatch { dim }),
         Some(batch_size) => {
-            let weights = settings.shard_weights.as_deref();
-            let sizes = shard_sizes(batch_size, settings.devices.len(), weights);
+            let sizes = match &settings.balancer {
+                Some(balancer) => adaptive_sizes(batch_size, &balance::lock(balancer).weights()),
+                None => {
+                    let weights = settings.shard_weights.as_deref();
+                    shard_sizes(batch_size, settings.devices.len(), weights)
+                }
+            };
             let output_device = settings.output_device.clone();
             let shards = Shards::from_sizes(&sizes, &settings.devices, dim, output_device);
             Ok(shards.with_loss_reduction(settings.loss_reduction))

@@ -152,6 +152,13 @@ impl<M: Module> DataParallel<M> {
         self.settings.shard_weights.as_deref()
     }
 
+    /// The adaptive split's current weights (each device's share of the next batch), `None`
+    /// without adaptive shards.
+    pub fn adaptive_weights(&self) -> Option<Vec<f64>> {
+        let balancer = self.settings.balancer.as_ref()?;
+        Some(crate::balance::lock(balancer).weights())
+    }
+
     /// How the replicas' losses add up in burn-train's steps.
     pub fn loss_reduction(&self) -> LossReduction {
         self.settings.loss_reduction

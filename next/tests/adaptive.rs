@@ -1,0 +1,106 @@
+//! Shards that balance themselves, on the CPU: two replicas share it, and the model's forward
+//! sleeps a set time per row on each lane, which sets the replicas' speeds. A process of its
+//! own, its timed tests one at a time, so that no other test's load blurs the times.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "suite/models.rs"]
+#[allow(dead_code)]
+mod models;
+
+use std::sync::Mutex;
+
+use std::time::Duration;
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, SgdConfig};
+use burn::tensor::{Device, Tensor};
+use burn_dataparallel::{AdaptiveShardsConfig, DataParallel, DataParallelConfig, Mean};
+
+use common::{assert_close, assert_same_params, flex};
+use models::{Mlp, batch};
+
+/// One timed test at a time.
+static TIMED: Mutex<()> = Mutex::new(());
+
+/// The perceptron, its forward sleeping `micros[i]` per row on the lane of device entry `i`
+/// (`micros[0]` on any other thread): sleeps far above the model's own time, so that the
+/// replicas' speeds are what the test sets.
+#[derive(Module, Debug)]
+struct Slowed {
+    mlp: Mlp,
+    #[module(skip)]
+    micros: [u64; 2],
+}
+
+impl Slowed {
+    fn loss(&self, (x, y): (Tensor<2>, Tensor<2>)) -> Mean<Tensor<1>> {
+        let lane = usize::from(std::thread::current().name() == Some("dataparallel-1"));
+        std::thread::sleep(Duration::from_micros(
+            self.micros[lane] * x.dims()[0] as u64,
+        ));
+        Mean((self.mlp.forward(x) - y).powi_scalar(2).mean())
+    }
+}
+
+/// Trains `steps` steps of 64 rows with adaptive shards, entry `i` sleeping `micros[i]` per
+/// row, each step's parameters checked against the bare model's; the last weights.
+fn adaptive_training(micros: [u64; 2], steps: usize) -> Vec<f64> {
+    let device = Device::flex().autodiff();
+    let mut bare = Slowed {
+        mlp: Mlp::new(&device),
+        micros,
+    };
+    let mut dp = DataParallelConfig::new()
+        .with_adaptive_shards(Some(AdaptiveShardsConfig::new()))
+        .init(bare.clone(), flex(2))
+        .unwrap();
+    let (mut bare_optim, mut dp_optim) = (SgdConfig::new().init(), SgdConfig::new().init());
+    let data = batch(64, &device);
+    for _ in 0..steps {
+        let Mean(expected) = bare.loss(data.clone());
+        let Mean(found) = dp.forward_with(data.clone(), Slowed::loss);
+        assert_close(found.clone(), expected.clone(), 1e-5, "loss");
+        let expected = GradientsParams::from_grads(expected.backward(), &bare);
+        let found = GradientsParams::from_grads(found.backward(), &dp);
+        bare = bare_optim.step(0.05, bare, expected);
+        dp = dp_optim.step(0.05, dp, found);
+        assert_same_params(dp.module(), &bare, 1e-5);
+    }
+    dp.adaptive_weights().unwrap()
+}
+
+/// A replica three times slower per row loses rows to the other; the gradients stay the
+/// bare model's.
+#[test]
+fn rows_move_to_the_faster_replica() {
+    let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    common::within(|| {
+        let weights = adaptive_training([300, 900], 12);
+        assert!(weights[0] > 0.65, "weights {weights:?}");
+    });
+}
+
+/// Two equal replicas stay near even shards.
+#[test]
+fn equal_replicas_stay_even() {
+    let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    common::within(|| {
+        let weights = adaptive_training([500, 500], 12);
+        assert!((weights[0] - 0.5).abs() < 0.1, "weights {weights:?}");
+    });
+}
+
+/// Settings out of range are refused.
+#[test]
+fn adaptive_settings_are_checked() {
+    let device = Device::flex().autodiff();
+    let result = DataParallelConfig::new()
+        .with_adaptive_shards(Some(AdaptiveShardsConfig::new().with_damping(0.0)))
+        .init(Mlp::new(&device), flex(2));
+    assert!(matches!(
+        result,
+        Err(burn_dataparallel::DataParallelError::InvalidAdaptiveShards { .. })
+    ));
+    let _ = DataParallel::new(Mlp::new(&device), flex(2)).unwrap();
+}
