@@ -9,6 +9,7 @@ use burn::tensor::Device;
 use crate::balance::{AdaptiveShardsConfig, Balancer, SharedBalancer};
 use crate::error::DataParallelError;
 use crate::parallel_apply::Workers;
+use crate::profile::Profiler;
 
 /// Settings of a [`DataParallel`](crate::DataParallel), built with `new()` and `with_*`.
 ///
@@ -44,6 +45,9 @@ pub struct DataParallelConfig {
     /// even): for devices of unequal speed. Measuring waits for each device at the end of its
     /// replica's work, which costs the overlap of the devices' work on the steps it measures.
     pub adaptive_shards: Option<AdaptiveShardsConfig>,
+    /// Whether every step records its stage profile ([`DataParallel::profile`](crate::DataParallel::profile)).
+    #[config(default = false)]
+    pub profile: bool,
     /// How [`Mean`](crate::Mean) losses combine in burn-train's steps.
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
@@ -70,6 +74,8 @@ pub(crate) struct Settings {
     /// The adaptive split, shared by every copy of the wrapper.
     pub(crate) balancer: Option<SharedBalancer>,
     pub(crate) loss_reduction: LossReduction,
+    /// The stage profile, shared by every copy of the wrapper.
+    pub(crate) profiler: Arc<Profiler>,
     /// One lane per entry of `devices`; none for a single entry.
     pub(crate) workers: Option<Arc<Workers>>,
 }
@@ -113,7 +119,10 @@ impl Settings {
             1 => None,
             entries => Some(Arc::new(Workers::new(entries)?)),
         };
+        let profiler = Arc::<Profiler>::default();
+        profiler.set_enabled(config.profile);
         Ok(Self {
+            profiler,
             devices,
             output_device,
             dim: config.dim,

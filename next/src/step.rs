@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::error::{BoxError, DataParallelError};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
+use crate::profile::{self, Recording};
 use crate::replicate::{Replicas, bring_home, replicas};
 use crate::scatter::{Scatter, stated_shares};
 use crate::shards::{Shards, adaptive_sizes, shard_sizes};
@@ -40,7 +41,17 @@ where
 {
     match apply(module, settings, input, Replicas::Tied, forward)? {
         Applied::Direct(output) => Ok(output),
-        Applied::Replicas(shards, outputs) => O::gather(outputs, &shards),
+        Applied::Replicas(replicated) => {
+            let Replicated {
+                shards,
+                outputs,
+                mut recording,
+            } = *replicated;
+            let gathered = O::gather(outputs, &shards)?;
+            profile::stage(recording.as_mut(), |p| &mut p.gather);
+            settings.profiler.keep(recording);
+            Ok(gathered)
+        }
     }
 }
 
@@ -48,8 +59,18 @@ where
 pub(crate) enum Applied<R> {
     /// The module's own result: one shard on its device, or a wrapper inside a replica.
     Direct(R),
-    /// Each replica's result, in shard order, with the split that gave them.
-    Replicas(Box<Shards>, Vec<R>),
+    /// Each replica's result, for the stage that follows.
+    Replicas(Box<Replicated<R>>),
+}
+
+/// The replicas' results of one step.
+pub(crate) struct Replicated<R> {
+    /// The split that gave them.
+    pub(crate) shards: Shards,
+    /// Each replica's result, in shard order.
+    pub(crate) outputs: Vec<R>,
+    /// The step's profile so far, where profiling is on.
+    pub(crate) recording: Option<Recording>,
 }
 
 /// The stages every step shares: scatter `input`, replicate `module` (tied as `how` says),
@@ -80,43 +101,68 @@ where
         // on the calling thread, as the bare model.
         _ => return direct_forward(module, settings, input, &f).map(Applied::Direct),
     };
+    let mut involved = shards.devices().to_vec();
+    involved.push(settings.output_device.clone());
+    let mut recording = settings.profiler.start(shards.sizes(), &involved);
     let inputs = input.scatter(&shards);
     if let Some(shares) = stated_shares(&inputs)? {
         shards.set_loss_shares(shares);
     }
+    profile::stage(recording.as_mut(), |p| &mut p.scatter);
     let copies = replicas(module, shards.devices(), how);
+    profile::stage(recording.as_mut(), |p| &mut p.replicate);
     let jobs = (shards.replicas().iter().copied())
         .zip(copies)
         .zip(inputs.into_iter().enumerate())
         .map(|((entry, replica), input)| (entry, replica, input))
         .collect();
-    // Adaptive shards time each replica's work up to its device having run it.
+    // Adaptive shards and the profile time each replica's work up to its device having
+    // run it.
     let measured = (settings.balancer.as_ref())
         .and_then(|balancer| balance::lock(balancer).measure(shards.replicas(), shards.sizes()));
+    let wait = measured.is_some() || recording.is_some();
     let timed = |replica: &M, (index, input): (usize, I)| {
         let start = Instant::now();
-        let result = f(replica, input);
-        if let Some(measured) = &measured {
+        let result = f(replica, input)?;
+        if wait {
             // A failed device reports it at its next use; a time is all this needs.
             let _ = shards.devices()[index].sync();
-            measured.add(index, start.elapsed());
         }
-        result
+        let elapsed = start.elapsed();
+        if let Some(measured) = &measured {
+            measured.add(index, elapsed);
+        }
+        Ok((result, elapsed))
     };
     let results = workers.apply(jobs, &timed);
+    if let Some(recording) = recording.as_mut() {
+        recording.end_replicas();
+    }
     if shards
         .devices()
         .iter()
         .any(|d| *d != settings.output_device)
     {
         bring_home(module, &settings.output_device);
+        profile::stage(recording.as_mut(), |p| &mut p.running_states);
     }
     let mut outputs = Vec::with_capacity(results.len());
+    let mut times = Vec::with_capacity(results.len());
     let places = shards.replicas().iter().zip(shards.devices());
     for (result, (&entry, device)) in results.into_iter().zip(places) {
-        outputs.push(result.map_err(|failure| failure.into_error(entry, format!("{device:?}")))?);
+        let (output, time) =
+            result.map_err(|failure| failure.into_error(entry, format!("{device:?}")))?;
+        outputs.push(output);
+        times.push(time);
     }
-    Ok(Applied::Replicas(Box::new(shards), outputs))
+    if let Some(recording) = recording.as_mut() {
+        recording.set_forward(times);
+    }
+    Ok(Applied::Replicas(Box::new(Replicated {
+        shards,
+        outputs,
+        recording,
+    })))
 }
 
 /// The module's own forward on the whole input, on the calling thread, its failures typed as

@@ -6,6 +6,7 @@ use burn::tensor::Device;
 
 use crate::config::{DataParallelConfig, LossReduction, Settings};
 use crate::error::DataParallelError;
+use crate::profile::StepProfile;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
 use crate::step;
@@ -157,6 +158,22 @@ impl<M: Module> DataParallel<M> {
     pub fn adaptive_weights(&self) -> Option<Vec<f64>> {
         let balancer = self.settings.balancer.as_ref()?;
         Some(crate::balance::lock(balancer).weights())
+    }
+
+    /// Turns the stage profile on or off for this wrapper and its copies (a `&self` method:
+    /// a wrapper handed to burn-train's `Learner` can still be switched).
+    pub fn set_profiling(&self, enabled: bool) {
+        self.settings.profiler.set_enabled(enabled);
+    }
+
+    /// Whether steps record their stage profile.
+    pub fn is_profiling(&self) -> bool {
+        self.settings.profiler.is_enabled()
+    }
+
+    /// The stage profile of the last step that ran on replicas with profiling on.
+    pub fn profile(&self) -> Option<StepProfile> {
+        self.settings.profiler.last()
     }
 
     /// How the replicas' losses add up in burn-train's steps.

@@ -30,6 +30,8 @@ impl<M: core::fmt::Debug> core::fmt::Debug for DataParallel<M> {
             .field("output_device", &settings.output_device)
             .field("dim", &settings.dim)
             .field("shard_weights", &settings.shard_weights)
+            .field("adaptive_shards", &settings.balancer.is_some())
+            .field("profiling", &settings.profiler.is_enabled())
             .field("loss_reduction", &settings.loss_reduction)
             .finish()
     }

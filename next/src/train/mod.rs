@@ -19,10 +19,11 @@ use crate::config::LossReduction;
 use crate::data_parallel::DataParallel;
 use crate::error::DataParallelError;
 use crate::gather::{Gather, Mean, Sum};
+use crate::profile;
 use crate::replicate::Replicas;
 use crate::scatter::Scatter;
 use crate::shards::Shards;
-use crate::step::{self, Applied};
+use crate::step::{self, Applied, Replicated};
 
 mod combine;
 
@@ -101,11 +102,14 @@ where
     M::Output: Gather + Send,
 {
     let replica_step = |replica: &M, shard| Ok(TrainStep::step(replica, shard));
-    let (shards, outputs) =
-        match step::apply(&dp.module, &dp.settings, item, Replicas::Own, replica_step)? {
-            Applied::Direct(output) => return Ok(output),
-            Applied::Replicas(shards, outputs) => (shards, outputs),
-        };
+    let Replicated {
+        shards,
+        outputs,
+        mut recording,
+    } = match step::apply(&dp.module, &dp.settings, item, Replicas::Own, replica_step)? {
+        Applied::Direct(output) => return Ok(output),
+        Applied::Replicas(replicated) => *replicated,
+    };
     let (grads, items): (Vec<_>, Vec<_>) = (outputs.into_iter())
         .map(|output| (output.grads, output.item))
         .unzip();
@@ -113,13 +117,12 @@ where
         LossReduction::Mean => Some(shards.loss_shares()),
         LossReduction::Sum => None,
     };
-    let grads = combine::combine(
-        &dp.module,
-        grads,
-        weights.as_deref(),
-        shards.output_device(),
-    );
+    let device = shards.output_device();
+    let grads = combine::combine(&dp.module, grads, weights.as_deref(), device);
+    profile::stage(recording.as_mut(), |p| &mut p.combine);
     let item = M::Output::gather(items, &shards)?;
+    profile::stage(recording.as_mut(), |p| &mut p.gather);
+    dp.settings.profiler.keep(recording);
     Ok(TrainOutput { grads, item })
 }
 

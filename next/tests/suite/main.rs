@@ -10,6 +10,7 @@ mod errors;
 mod learner;
 mod learner_usage;
 mod models;
+mod profile;
 mod record;
 mod side_inputs;
 mod training;
