@@ -152,3 +152,8 @@ pub use replicate::replicate;
 pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
 pub use warm_up::WarmUp;
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -96,6 +96,42 @@ pub fn a_wrapper_inside_a_replica(devices: &[Device]) {
     );
 }
 
+/// Two wrappers in one loss (an encoder and a head wrapped apart), against the bare pair.
+pub fn two_wrappers_in_one_loss(devices: &[Device]) {
+    let device = &devices[0];
+    let encoder = Mlp::new(device);
+    let head: burn::nn::Linear = burn::nn::LinearConfig::new(3, 2).init(device);
+    let dp_encoder = DataParallel::new(encoder.clone(), devices.to_vec()).unwrap();
+    let dp_head = DataParallel::new(head.clone(), devices.to_vec()).unwrap();
+    let (x, _) = batch(7, device);
+
+    let expected = head.forward(encoder.forward(x.clone()).tanh());
+    let hidden = dp_encoder.forward(x).tanh();
+    let found = dp_head.forward_with(hidden, |m, h| m.forward(h));
+    assert_close(found.clone(), expected.clone(), 1e-5, "output");
+    let (found, expected) = (
+        found.powi_scalar(2).sum().backward(),
+        expected.powi_scalar(2).sum().backward(),
+    );
+    assert_same_grads(dp_encoder.module(), &found, &expected, 1e-4);
+    assert_same_grads(dp_head.module(), &found, &expected, 1e-4);
+}
+
+/// Inference on devices without autodiff: the bare model's outputs, nothing tracked.
+pub fn inference_without_autodiff(devices: &[Device]) {
+    let plain: Vec<Device> = devices
+        .iter()
+        .map(|d| d.clone().without_autodiff())
+        .collect();
+    let device = &plain[0];
+    let model = Mlp::new(device);
+    let dp = DataParallel::new(model.clone(), plain.clone()).unwrap();
+    let (x, _) = batch(9, device);
+    let found = dp.forward(x.clone());
+    assert!(!found.is_require_grad());
+    assert_close(found, model.forward(x), 1e-5, "output");
+}
+
 crate::on_every_device_list!(
     even_batches => super::even_batches,
     uneven_batches => super::uneven_batches,
@@ -103,4 +139,6 @@ crate::on_every_device_list!(
     mean_and_sum_losses_are_the_whole_batch_s => super::mean_and_sum_losses_are_the_whole_batch_s,
     several_forwards_before_one_backward => super::several_forwards_before_one_backward,
     a_wrapper_inside_a_replica => super::a_wrapper_inside_a_replica,
+    two_wrappers_in_one_loss => super::two_wrappers_in_one_loss,
+    inference_without_autodiff => super::inference_without_autodiff,
 );

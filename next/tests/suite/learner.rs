@@ -125,7 +125,70 @@ pub fn inference_steps_match_the_bare_model(devices: &[Device]) {
     }
 }
 
+/// A model whose own `optimize` does more than the optimizer's step (keeps its weights in
+/// [-0.1, 0.1]): the wrapper runs it.
+#[derive(Module, Debug)]
+pub struct Clamped {
+    regressor: Regressor,
+}
+
+impl TrainStep for Clamped {
+    type Input = Batch;
+    type Output = RegressionOutput;
+
+    fn step(&self, batch: Batch) -> TrainOutput<RegressionOutput> {
+        let item = self.regressor.output(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+
+    fn optimize(
+        self,
+        optim: &mut ModuleOptimizer,
+        lr: burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate,
+        grads: burn::optim::GradientsParams,
+    ) -> Self {
+        let stepped: Self = optim.step(lr, self, grads);
+        stepped.map(&mut ClampAll)
+    }
+}
+
+struct ClampAll;
+
+impl burn::module::ModuleMapper for ClampAll {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<D>>,
+    ) -> burn::module::Param<Tensor<D>> {
+        param.map(|t| t.clamp(-0.1, 0.1).detach().require_grad())
+    }
+}
+
+pub fn the_model_s_own_optimize_runs(devices: &[Device]) {
+    let device = &devices[0];
+    let mut bare = Clamped {
+        regressor: Regressor {
+            mlp: Mlp::new(device),
+        },
+    };
+    let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
+    let mut bare_optim: ModuleOptimizer = SgdConfig::new().init();
+    let mut dp_optim: ModuleOptimizer = SgdConfig::new().init();
+    for batch in batches(device) {
+        let expected = TrainStep::step(&bare, batch.clone());
+        let found = TrainStep::step(&dp, batch);
+        bare = bare.optimize(&mut bare_optim, 0.5.into(), expected.grads);
+        dp = dp.optimize(&mut dp_optim, 0.5.into(), found.grads);
+    }
+    assert_same_params(dp.module(), &bare, 1e-5);
+    let largest = crate::common::params(dp.module())
+        .into_iter()
+        .flat_map(crate::common::values)
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(largest <= 0.1 + 1e-6, "largest weight {largest}");
+}
+
 crate::on_every_device_list!(
     train_steps_match_the_bare_model => super::train_steps_match_the_bare_model,
     inference_steps_match_the_bare_model => super::inference_steps_match_the_bare_model,
+    the_model_s_own_optimize_runs => super::the_model_s_own_optimize_runs,
 );
