@@ -50,13 +50,13 @@ run() {
     local lists=${LISTS:-cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0}
     for round in $(seq 1 "${RUNS:-1}"); do
         for list in $lists; do
-            local start; start=$(date +%s.%N)
-            local status=passed
+            local start; start=$(date +%s%N)
+            local status=passed name=${list//[:,]/_}
             DATAPARALLEL_DEVICES=$list timeout 300 "$BUNDLE/bin/suite" --ignored listed:: \
-                --test-threads=1 > "$log/suite-$round-$list.log" 2>&1 || status=FAILED
-            local took; took=$(echo "$(date +%s.%N) - $start" | bc)
-            local counts; counts=$(grep -E "^test result" "$log/suite-$round-$list.log" | tail -1)
-            printf 'round %s %-22s %s in %.1f s: %s\n' "$round" "$list" "$status" "$took" "$counts" \
+                --test-threads=1 > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
+            local took=$(( ($(date +%s%N) - start) / 1000000 ))
+            local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1)
+            printf 'round %s %-22s %s in %s ms: %s\n' "$round" "$list" "$status" "$took" "$counts" \
                 | tee -a "$log/summary.txt"
         done
     done
