@@ -4,8 +4,8 @@
 //! ```sh
 //! cargo run --example train_mlp                                        # CPU, 2 replicas
 //! cargo run --example train_mlp -- --devices cpu,cpu,cpu,cpu           # CPU, 4 replicas
-//! cargo run --features cuda --example train_mlp -- --devices cuda:0,cuda:1
-//! cargo run --features wgpu --example train_mlp -- --devices vulkan:0,vulkan:1
+//! cargo run --release --features cuda --example train_mlp -- --devices cuda:0,cuda:1
+//! cargo run --release --features cuda --example train_mlp -- --devices cuda:0,cpu
 //! ```
 //!
 //! The data is generated: points around four centres in 16 dimensions, labelled by their
@@ -17,24 +17,35 @@ use std::time::Instant;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, ElementConversion, Int, Tensor};
-use burn_dataparallel::{DataParallel, DataParallelBackend, Mean};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use burn_dataparallel::{DataParallel, DeviceList, Mean};
+use clap::Parser;
 
-#[macro_use]
-#[path = "common/devices.rs"]
-mod devices;
-
-#[derive(Module, Debug)]
-struct Classifier<B: Backend> {
-    hidden: Linear<B>,
-    activation: Relu,
-    output: Linear<B>,
+/// Trains a small classifier on generated data with DataParallel.
+#[derive(Parser)]
+struct Args {
+    /// The devices, one per replica: `cpu`, `cuda:N`, `wgpu:N` (`cuda` and `wgpu` need the
+    /// features of the same names), comma-separated; kinds may be mixed.
+    #[arg(long, default_value = "cpu,cpu")]
+    devices: DeviceList,
+    /// Rows per batch, split over the devices.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: usize,
+    /// Passes over the data.
+    #[arg(long, default_value_t = 5)]
+    epochs: usize,
 }
 
-impl<B: Backend> Classifier<B> {
-    fn new(device: &B::Device) -> Self {
+#[derive(Module, Debug)]
+struct Classifier {
+    hidden: Linear,
+    activation: Relu,
+    output: Linear,
+}
+
+impl Classifier {
+    fn new(device: &Device) -> Self {
         Self {
             hidden: LinearConfig::new(16, 256).init(device),
             activation: Relu::new(),
@@ -42,13 +53,13 @@ impl<B: Backend> Classifier<B> {
         }
     }
 
-    fn forward(&self, points: Tensor<B, 2>) -> Tensor<B, 2> {
+    fn forward(&self, points: Tensor<2>) -> Tensor<2> {
         self.output
             .forward(self.activation.forward(self.hidden.forward(points)))
     }
 
     /// The cross-entropy of a batch of points and their labels.
-    fn loss(&self, (points, labels): (Tensor<B, 2>, Tensor<B, 1, Int>)) -> Tensor<B, 1> {
+    fn loss(&self, (points, labels): (Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
         let logits = self.forward(points);
         CrossEntropyLossConfig::new()
             .init(&logits.device())
@@ -57,22 +68,24 @@ impl<B: Backend> Classifier<B> {
 }
 
 /// `count` points around four random centres, with their centre's index as label.
-fn dataset<B: Backend>(count: usize, device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-    B::seed(device, 7);
-    let centres = Tensor::<B, 2>::random([4, 16], Distribution::Uniform(-2.0, 2.0), device);
-    let labels = Tensor::<B, 1, Int>::random([count], Distribution::Uniform(0.0, 4.0), device);
-    let noise = Tensor::<B, 2>::random([count, 16], Distribution::Normal(0.0, 1.0), device);
+fn dataset(count: usize, device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
+    device.seed(7);
+    let centres = Tensor::<2>::random([4, 16], Distribution::Uniform(-2.0, 2.0), device);
+    let labels = Tensor::<1, Int>::random([count], Distribution::Uniform(0.0, 4.0), device);
+    let noise = Tensor::<2>::random([count, 16], Distribution::Normal(0.0, 1.0), device);
     (centres.select(0, labels.clone()) + noise, labels)
 }
 
-fn train<B: DataParallelBackend>(devices: Vec<B::Device>) {
+fn main() {
+    let args = Args::parse();
+    let devices = args.devices.autodiff().into_vec();
     // The parameters live on the first device, where the data is made and outputs gathered.
     let device = devices[0].clone();
-    let (points, labels) = dataset::<B>(16384, &device);
+    let (points, labels) = dataset(16384, &device);
     println!("training on {} replicas: {devices:?}", devices.len());
-    let mut model = DataParallel::new(Classifier::<B>::new(&device), devices).expect("devices");
+    let mut model = DataParallel::new(Classifier::new(&device), devices).expect("devices");
     let mut optim = AdamConfig::new().init();
-    let batch_size = 1024;
+    let batch_size = args.batch_size;
     let started = Instant::now();
 
     // Compile and tune every replica's kernels for the batch shape before training.
@@ -86,9 +99,9 @@ fn train<B: DataParallelBackend>(devices: Vec<B::Device>) {
         warm.total(),
         warm.shard_sizes
     );
-    for epoch in 1..=5 {
+    for epoch in 1..=args.epochs {
         let epoch_start = Instant::now();
-        let mut total = Tensor::<B, 1>::zeros([1], &device);
+        let mut total = Tensor::<1>::zeros([1], &device);
         let batches = points.dims()[0] / batch_size;
         for batch in 0..batches {
             let range = batch * batch_size..(batch + 1) * batch_size;
@@ -102,7 +115,7 @@ fn train<B: DataParallelBackend>(devices: Vec<B::Device>) {
             model = optim.step(1e-2, model, grads);
         }
         // Reading the loss waits for the epoch's work.
-        let mean = total.into_scalar().elem::<f64>() / batches as f64;
+        let mean = total.into_scalar::<f64>() / batches as f64;
         let seconds = epoch_start.elapsed().as_secs_f64();
         println!(
             "epoch {epoch}: mean loss {mean:.4}, {:.0} samples/s",
@@ -114,18 +127,9 @@ fn train<B: DataParallelBackend>(devices: Vec<B::Device>) {
     let predictions = model.forward_with(points.clone(), |model, x| {
         model.forward(x).argmax(1).squeeze_dim(1)
     });
-    let correct = predictions
-        .equal(labels)
-        .int()
-        .sum()
-        .into_scalar()
-        .elem::<f64>();
+    let correct = predictions.equal(labels).int().sum().into_scalar::<f64>();
     println!(
         "accuracy: {:.1} %",
         100.0 * correct / points.dims()[0] as f64
     );
-}
-
-fn main() {
-    on_devices!(train);
 }

@@ -17,6 +17,17 @@ pub enum DataParallelError {
     #[error("DataParallel needs at least one device, none was given")]
     NoDevices,
 
+    /// A listed device does not exist on this machine (a CUDA GPU index past the GPUs).
+    #[error(
+        "device {device} does not exist on this machine; its devices of that kind are {available}"
+    )]
+    UnknownDevice {
+        /// The device asked for.
+        device: String,
+        /// The devices of that kind this machine has.
+        available: String,
+    },
+
     /// The number of shard weights differs from the number of devices.
     #[error("{found} shard weights were given for {expected} devices")]
     ShardWeightsLength {
@@ -75,48 +86,6 @@ pub enum DataParallelError {
         devices: String,
     },
 
-    /// The devices are distinct but the backend cannot move tensors between them.
-    #[error(
-        "the backend cannot move tensors between the distinct devices {devices}, not even \
-         through host memory; list one device"
-    )]
-    DeviceTransfersUnsupported {
-        /// The device list.
-        devices: String,
-    },
-
-    /// Replicas on other devices would share the module's running states (batch-norm
-    /// statistics) and move them inside their forward, which this backend does not order
-    /// safely.
-    #[error(
-        "replicas on the devices {devices} would move the module's running states (batch-norm \
-         statistics) between devices inside their forward, which this backend cannot order \
-         safely (CUDA) or cannot do at all (devices without device-to-device copies, such as \
-         wgpu's); call `with_running_states_per_device()` on the wrapper before training \
-         (burn-train's `TrainStep` does), and for inference use the trained wrapper's `valid()` \
-         copy"
-    )]
-    SharedRunningStates {
-        /// The device list.
-        devices: String,
-    },
-
-    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) would run
-    /// replicas on devices other than the output device. What its closure captures stays
-    /// where it is, and Burn 0.21 does not check the devices of every operation (a matrix
-    /// product launched on one device with another device's buffer fails the device, or reads
-    /// memory it should not), so the forward is refused before any replica runs.
-    #[error(
-        "forward_with_captures would run replicas on {devices}, but what its closure captures \
-         stays on its own device, and Burn does not check the devices of every operation; \
-         pass tensors in the input (`Broadcast` for a whole tensor) and train a second module \
-         inside the wrapped one (a tuple of modules is a module), then call `forward_with`"
-    )]
-    CapturesAcrossDevices {
-        /// The devices the shards would go to.
-        devices: String,
-    },
-
     /// The output device index is past the end of the device list.
     #[error("output device index {index} is out of range for {len} devices")]
     OutputDeviceIndex {
@@ -124,6 +93,20 @@ pub enum DataParallelError {
         index: usize,
         /// Number of devices.
         len: usize,
+    },
+
+    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) would run
+    /// replicas on devices other than the output device, where what its closure captures does
+    /// not live.
+    #[error(
+        "forward_with_captures would run replicas on {devices}, but what its closure captures \
+         stays on its own device; pass tensors in the input (`Broadcast` for a whole tensor) \
+         and train a second module inside the wrapped one (a tuple of modules is a module), \
+         then call `forward_with`"
+    )]
+    CapturesAcrossDevices {
+        /// The devices the shards would go to.
+        devices: String,
     },
 
     /// The input holds no tensor, so there is nothing to split.
@@ -165,7 +148,7 @@ pub enum DataParallelError {
     /// A replica's forward panicked.
     #[error("replica {replica} on device {device} panicked: {message}")]
     ReplicaPanicked {
-        /// Position of the replica's device in the device list.
+        /// Position of the replica's entry in the device list.
         replica: usize,
         /// The replica's device.
         device: String,
@@ -176,7 +159,7 @@ pub enum DataParallelError {
     /// A replica's forward returned an error.
     #[error("replica {replica} on device {device} failed: {source}")]
     ReplicaFailed {
-        /// Position of the replica's device in the device list.
+        /// Position of the replica's entry in the device list.
         replica: usize,
         /// The replica's device.
         device: String,
@@ -222,37 +205,6 @@ pub enum DataParallelError {
         /// Keys of this replica's map that replica 0's lacks.
         unexpected: Vec<String>,
     },
-
-    /// A replica's outputs were computed from a tracked tensor that the replica did not
-    /// receive through its input, nor through a capture of
-    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures): one reached
-    /// through a global (a `static`), or handed over by a hand-written [`Scatter`](crate::Scatter)
-    /// impl that says it scatters every tensor. The parallel backward could not deliver its
-    /// gradient.
-    #[error(
-        "the outputs of replica {replica} on device {device} use a tracked tensor that the \
-         replica did not receive through its input (one reached through a global, or handed \
-         over whole by a `Scatter` impl), whose gradient the parallel backward cannot deliver; \
-         pass it in the input (wrapped in `Broadcast` to give every replica the whole tensor) \
-         or run the forward with `forward_with_captures`"
-    )]
-    CapturedTensor {
-        /// Position of the replica's device in the device list.
-        replica: usize,
-        /// The replica's device.
-        device: String,
-    },
-
-    /// The backend is Burn 0.21's `Fusion` in f16, which computes wrong outputs when several
-    /// forwards of different row counts are queued before one is read, as replicas do.
-    #[error(
-        "Burn 0.21's Fusion backend in f16 (`burn_cuda::Cuda<f16>`) computes wrong outputs \
-         when several forwards of different row counts are queued, as replicas do (the crate's \
-         upstream/half_precision.rs reproduces it without the wrapper); train on \
-         `CubeBackend<CudaRuntime, f16>` (no fusion) or in f32, or set \
-         `DataParallelConfig::allow_fusion_f16` to accept it"
-    )]
-    FusionHalfPrecision,
 
     /// The worker threads could not be started.
     #[error("the replica worker threads could not be started: {message}")]

@@ -3,12 +3,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
 
-use crate::backend::{ConcatBackend, ConcatKind, comm};
-use crate::backward::ties;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
+use crate::transfer::move_to;
 
 /// A value that can be combined from one output per replica.
 ///
@@ -21,22 +21,21 @@ use crate::shards::Shards;
 /// # Example
 ///
 /// ```
-/// use burn::backend::Flex;
-/// use burn::tensor::Tensor;
+/// use burn::tensor::{Device, Tensor};
 /// use burn_dataparallel::{Gather, Mean, Shards};
 ///
-/// let device = Default::default();
-/// let shards = Shards::<Flex>::new(3, &[device, device], None, 0, device);
+/// let device = Device::flex();
+/// let shards = Shards::new(3, &[device.clone(), device.clone()], None, 0, device.clone());
 /// let outputs = vec![
-///     (Tensor::<Flex, 2>::zeros([2, 4], &device), Mean(Tensor::<Flex, 1>::from_floats([1.0], &device))),
-///     (Tensor::<Flex, 2>::ones([1, 4], &device), Mean(Tensor::<Flex, 1>::from_floats([4.0], &device))),
+///     (Tensor::<2>::zeros([2, 4], &device), Mean(Tensor::<1>::from_floats([1.0], &device))),
+///     (Tensor::<2>::ones([1, 4], &device), Mean(Tensor::<1>::from_floats([4.0], &device))),
 /// ];
 /// let (logits, Mean(loss)) = Gather::gather(outputs, &shards).unwrap();
 /// assert_eq!(logits.dims(), [3, 4]);
 /// // (2 * 1.0 + 1 * 4.0) / 3 = 2.0: the mean over all three items.
-/// assert_eq!(loss.into_scalar(), 2.0);
+/// assert_eq!(loss.into_scalar::<f32>(), 2.0);
 /// ```
-pub trait Gather<B: Backend>: Sized {
+pub trait Gather: Sized {
     /// Combines `outputs`, one per shard in the order of `shards`, on `shards.output_device()`.
     ///
     /// # Errors
@@ -49,7 +48,7 @@ pub trait Gather<B: Backend>: Sized {
     /// # Panics
     ///
     /// If `outputs` is empty.
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError>;
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError>;
 }
 
 /// A per-replica mean (a loss with mean reduction) to combine as a mean over the whole batch.
@@ -98,34 +97,29 @@ fn check_same_shape<const D: usize>(
     }
 }
 
-fn on_output_device<B: Backend, const D: usize, K: ConcatKind<B>>(
-    outputs: Vec<Tensor<B, D, K>>,
-    shards: &Shards<B>,
-) -> Vec<Tensor<B, D, K>> {
-    let ties = ties::current::<B>();
+fn on_output_device<const D: usize, K: Basic>(
+    outputs: Vec<Tensor<D, K>>,
+    shards: &Shards,
+) -> Vec<Tensor<D, K>> {
     outputs
         .into_iter()
-        .enumerate()
-        .map(|(replica, tensor)| {
-            let tensor = ties.output(tensor, replica);
-            comm::move_to(tensor, shards.output_device())
-        })
+        .map(|tensor| move_to(tensor, shards.output_device()))
         .collect()
 }
 
-impl<B: Backend, const D: usize, K: ConcatKind<B>> Gather<B> for Tensor<B, D, K> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<const D: usize, K: Basic> Gather for Tensor<D, K> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         let dim = shards.dim();
         if dim >= D {
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });
         }
         check_same_shape(outputs.iter().map(Tensor::dims), Some(dim))?;
-        Ok(comm::concat(on_output_device(outputs, shards), dim))
+        Ok(Tensor::cat(on_output_device(outputs, shards), dim))
     }
 }
 
-impl<B: ConcatBackend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<const D: usize> Gather for Mean<Tensor<D>> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         check_same_shape(outputs.iter().map(|Mean(t)| t.dims()), None)?;
         let outputs = on_output_device(outputs.into_iter().map(|Mean(t)| t).collect(), shards);
         if outputs.len() == 1 {
@@ -143,8 +137,8 @@ impl<B: ConcatBackend, const D: usize> Gather<B> for Mean<Tensor<B, D>> {
     }
 }
 
-impl<B: ConcatBackend, const D: usize> Gather<B> for Sum<Tensor<B, D>> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<const D: usize> Gather for Sum<Tensor<D>> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         check_same_shape(outputs.iter().map(|Sum(t)| t.dims()), None)?;
         let outputs = on_output_device(outputs.into_iter().map(|Sum(t)| t).collect(), shards);
         let sum = outputs
@@ -155,8 +149,8 @@ impl<B: ConcatBackend, const D: usize> Gather<B> for Sum<Tensor<B, D>> {
     }
 }
 
-impl<B: Backend, T: Gather<B>> Gather<B> for Option<T> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<T: Gather> Gather for Option<T> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         let describe = |value: &Option<T>| if value.is_some() { "Some" } else { "None" };
         let expected = describe(&outputs[0]);
         if let Some(replica) = outputs.iter().position(|o| describe(o) != expected) {
@@ -194,8 +188,8 @@ fn transpose<T>(outputs: Vec<Vec<T>>) -> Result<Vec<Vec<T>>, DataParallelError> 
     Ok(items)
 }
 
-impl<B: Backend, T: Gather<B>> Gather<B> for Vec<T> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<T: Gather> Gather for Vec<T> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         transpose(outputs)?
             .into_iter()
             .map(|item| T::gather(item, shards))
@@ -203,8 +197,8 @@ impl<B: Backend, T: Gather<B>> Gather<B> for Vec<T> {
     }
 }
 
-impl<B: Backend, T: Gather<B>, const N: usize> Gather<B> for [T; N] {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<T: Gather, const N: usize> Gather for [T; N] {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         let items = Vec::gather(outputs.into_iter().map(Vec::from).collect(), shards)?;
         let mut items = items.into_iter();
         Ok(core::array::from_fn(|_| items.next().expect("N items")))
@@ -238,8 +232,8 @@ fn key_mismatch<'a, K: std::fmt::Debug + 'a>(
     Ok(())
 }
 
-impl<B: Backend, K: Ord + std::fmt::Debug, V: Gather<B>> Gather<B> for BTreeMap<K, V> {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl<K: Ord + std::fmt::Debug, V: Gather> Gather for BTreeMap<K, V> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         let first: Vec<&K> = outputs[0].keys().collect();
         key_mismatch(
             &first,
@@ -259,14 +253,13 @@ impl<B: Backend, K: Ord + std::fmt::Debug, V: Gather<B>> Gather<B> for BTreeMap<
     }
 }
 
-impl<B, K, V, S> Gather<B> for HashMap<K, V, S>
+impl<K, V, S> Gather for HashMap<K, V, S>
 where
-    B: Backend,
     K: Eq + Hash + std::fmt::Debug,
-    V: Gather<B>,
+    V: Gather,
     S: BuildHasher + Clone,
 {
-    fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+    fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
         let first: Vec<&K> = outputs[0].keys().collect();
         key_mismatch(
             &first,
@@ -288,22 +281,22 @@ where
     }
 }
 
-impl<B: Backend> Gather<B> for () {
-    fn gather(_outputs: Vec<Self>, _shards: &Shards<B>) -> Result<Self, DataParallelError> {
+impl Gather for () {
+    fn gather(_outputs: Vec<Self>, _shards: &Shards) -> Result<Self, DataParallelError> {
         Ok(())
     }
 }
 
 macro_rules! gather_tuple {
     ($($name:ident : $index:tt),+) => {
-        impl<B: Backend, $($name: Gather<B>),+> Gather<B> for ($($name,)+) {
+        impl<$($name: Gather),+> Gather for ($($name,)+) {
             #[allow(non_snake_case)]
-            fn gather(outputs: Vec<Self>, shards: &Shards<B>) -> Result<Self, DataParallelError> {
+            fn gather(outputs: Vec<Self>, shards: &Shards) -> Result<Self, DataParallelError> {
                 $(let mut $name = Vec::with_capacity(outputs.len());)+
                 for output in outputs {
                     $($name.push(output.$index);)+
                 }
-                Ok(($(<$name as Gather<B>>::gather($name, shards)?,)+))
+                Ok(($(<$name as Gather>::gather($name, shards)?,)+))
             }
         }
     };

@@ -1,15 +1,12 @@
-//! Compiling and tuning every replica's kernels before the first training step.
+//! [`DataParallel::warm_up`]: one step on a sample batch before training, so that a fresh
+//! process compiles and tunes its kernels for the shard shapes training will use.
 
 use std::time::{Duration, Instant};
 
-use burn::module::AutodiffModule;
-use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
 
-use crate::backend::ConcatBackend;
-use crate::backend::comm::synchronize;
 use crate::data_parallel::DataParallel;
-use crate::data_parallel::own_states;
 use crate::error::DataParallelError;
 use crate::gather::Sum;
 use crate::scatter::Scatter;
@@ -18,39 +15,28 @@ use crate::step;
 /// What [`DataParallel::warm_up`] did and how long it took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WarmUp {
-    /// Items in each shard of the sample, one entry per replica that ran.
+    /// The sample's shard sizes, one per replica that received items.
     pub shard_sizes: Vec<usize>,
-    /// The forward on every replica, up to every device being synchronised.
+    /// The forward, waited for on every device.
     pub forward: Duration,
-    /// The backward, up to every device being synchronised.
+    /// The backward, waited for on every device.
     pub backward: Duration,
 }
 
 impl WarmUp {
-    /// Forward and backward together.
+    /// The forward and the backward together.
     pub fn total(&self) -> Duration {
         self.forward + self.backward
     }
 }
 
-impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M> {
-    /// Runs one forward and backward of `sample` on every replica and discards the gradients,
-    /// so that CubeCL compiles and tunes the kernels of this shard shape before training.
+impl<M: Module> DataParallel<M> {
+    /// Runs one forward and backward of `loss` on `sample`, waits for every device, and drops
+    /// the gradients: the parameters do not change.
     ///
-    /// On a GPU backend the first step of a shape pays for kernel compilation and autotuning
-    /// (seconds to minutes on a fresh cache, see the crate docs on cold start); calling this
-    /// with a batch of the training batch size moves that cost to a point where it can be
-    /// reported. The replicas compile at the same time, each on its own worker thread, and
-    /// share the kernels of equal shard shapes. The parameters are not changed.
-    ///
-    /// `loss` computes a replica's scalar loss from its shard, capturing nothing (as the
-    /// function [`forward_with`](Self::forward_with) takes); the losses of all replicas are
-    /// summed for the backward.
-    ///
-    /// # Shapes
-    ///
-    /// - sample: as the forward's input, a full batch
-    /// - `loss` output: `[1]`
+    /// On GPUs, a process's first steps compile kernels and tune them for each shape; a
+    /// sample of the training batch size gives the replicas the shard shapes they will see.
+    /// `loss` captures nothing, as in [`forward_with`](Self::forward_with).
     ///
     /// # Errors
     ///
@@ -59,57 +45,51 @@ impl<B: AutodiffBackend + ConcatBackend, M: AutodiffModule<B>> DataParallel<B, M
     /// # Example
     ///
     /// ```
-    /// use burn::backend::{Autodiff, Flex};
     /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::tensor::Tensor;
+    /// use burn::tensor::{Device, Tensor};
     /// use burn_dataparallel::DataParallel;
     ///
-    /// type B = Autodiff<Flex>;
-    /// let device = Default::default();
-    /// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
-    /// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
-    ///
-    /// let sample = Tensor::<B, 2>::zeros([32, 8], &device);
-    /// let warm = dp.warm_up(sample, |m, x| m.forward(x).mean()).unwrap();
-    /// assert_eq!(warm.shard_sizes, vec![16, 16]);
-    /// println!("warm-up took {:?}", warm.total());
+    /// let device = Device::flex().autodiff();
+    /// let model: Linear = LinearConfig::new(4, 2).init(&device);
+    /// let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let sample = Tensor::<2>::ones([8, 4], &device);
+    /// let warm = dp.warm_up(sample, |m, x| m.forward(x).powi_scalar(2).mean()).unwrap();
+    /// assert_eq!(warm.shard_sizes, [4, 4]);
     /// ```
-    // rustc shows the next line when a capturing closure is passed (`data_parallel/forwards.rs`).
     #[rustfmt::skip]
-    pub fn warm_up<I>( // no captures: tensors go in the sample (`Broadcast`), else warm up with `forward_with_captures`
+    pub fn warm_up<I>( // no captures: tensors go in the sample (`Broadcast`)
         &self,
         sample: I,
-        loss: fn(&M, I) -> Tensor<B, 1>,
+        loss: fn(&M, I) -> Tensor<1>,
     ) -> Result<WarmUp, DataParallelError>
     where
-        I: Scatter<B> + Send,
+        I: Scatter + Send,
     {
         let shards = self.shards(&sample)?;
         let mut devices = shards.devices().to_vec();
         devices.push(self.settings.output_device.clone());
         let start = Instant::now();
-        // Added element-wise (`Sum`), not reduced: a reduction over the replicas' losses would
-        // tune a kernel shape that training never uses.
-        // Running states per device as in `TrainStep`: the step that follows may use either.
-        let own_states = self.own_states.or(Some(own_states::<B, M>));
-        let Sum(total) = step::forward(
-            &self.module,
-            &self.settings,
-            sample,
-            |replica, shard| Ok::<_, std::convert::Infallible>(Sum(loss(replica, shard))),
-            own_states,
-            false,
-        )?;
-        synchronize::<B>(&devices);
+        let Sum(total) = step::forward(&self.module, &self.settings, sample, |replica, shard| {
+            Ok(Sum(loss(replica, shard)))
+        })?;
+        synchronize(&devices);
         let forward = start.elapsed();
         let start = Instant::now();
         let grads = total.backward();
-        synchronize::<B>(&devices);
+        synchronize(&devices);
         drop(grads);
         Ok(WarmUp {
             shard_sizes: shards.sizes().to_vec(),
             forward,
             backward: start.elapsed(),
         })
+    }
+}
+
+/// Waits for the work queued on every one of `devices`.
+fn synchronize(devices: &[Device]) {
+    for device in devices {
+        // A device that failed reports it at its next use; the warm-up's timing needs none.
+        let _ = device.sync();
     }
 }

@@ -1,6 +1,7 @@
 //! Shards that balance themselves ([`DataParallelConfig::adaptive_shards`]): each step times
-//! every replica's share of the work (its forward and its backward, up to its device having
-//! run them), and the next step's split follows.
+//! every replica's share of the work (its forward, or under burn-train's `TrainStep` its
+//! whole step with its backward, up to its device having run them), and the next step's
+//! split follows.
 //!
 //! Each device slot's time is a straight line in its rows, `fixed + per_row * rows`, fitted
 //! to its recent steps (each step's weight `1 - damping` times the next one's; `line.rs`):
@@ -37,16 +38,15 @@ use line::{Line, Recent, equal_finish};
 /// # Example
 ///
 /// ```
-/// use burn::backend::{Autodiff, Flex};
 /// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Device;
 /// use burn_dataparallel::{AdaptiveShardsConfig, DataParallelConfig};
 ///
-/// type B = Autodiff<Flex>;
-/// let device = Default::default();
-/// let model: Linear<B> = LinearConfig::new(8, 2).init(&device);
+/// let device = Device::flex().autodiff();
+/// let model: Linear = LinearConfig::new(8, 2).init(&device);
 /// let dp = DataParallelConfig::new()
 ///     .with_adaptive_shards(Some(AdaptiveShardsConfig::new().with_damping(0.5)))
-///     .init(model, vec![device; 2])
+///     .init(model, vec![device.clone(); 2])
 ///     .unwrap();
 /// assert_eq!(dp.adaptive_weights(), Some(vec![0.5, 0.5]));
 /// ```

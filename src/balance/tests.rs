@@ -1,7 +1,7 @@
 //! The balancer against imposed timings: convergence, noise, fixed costs, bounds.
 
 use super::*;
-use crate::shards::sizes::adaptive_sizes;
+use crate::shards::adaptive_sizes;
 
 /// A balancer over `steps` steps of `batch` rows, slot `i`'s shard of `n` rows at step
 /// `k` taking `seconds(k, i, n)`: the rows slot 0 gets, step after step.

@@ -8,17 +8,15 @@
 //! the `rustfmt::skip`).
 
 use burn::module::Module;
-use burn::tensor::backend::Backend;
 
 use super::DataParallel;
-use crate::backend::ConcatBackend;
 use crate::error::{BoxError, DataParallelError};
 use crate::forward::Forward;
 use crate::gather::Gather;
 use crate::scatter::Scatter;
 use crate::step;
 
-impl<B: Backend, M: Module<B>> DataParallel<B, M> {
+impl<M: Module> DataParallel<M> {
     /// Runs the wrapped module's [`Forward`] on every shard of `input` and gathers the outputs.
     ///
     /// A drop-in for the bare model's forward in a training loop; use
@@ -35,8 +33,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// returns it, and as the bare model's forward would on misuse.
     pub fn forward(&self, input: M::Input) -> M::Output
     where
-        B: ConcatBackend,
-        M: Forward<B>,
+        M: Forward,
     {
         self.try_forward(input)
             .unwrap_or_else(|error| panic!("{error}"))
@@ -53,10 +50,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Those of [`try_forward_with`](Self::try_forward_with).
     pub fn try_forward(&self, input: M::Input) -> Result<M::Output, DataParallelError>
     where
-        B: ConcatBackend,
-        M: Forward<B>,
+        M: Forward,
     {
-        self.try_forward_with(input, <M as Forward<B>>::forward)
+        self.try_forward_with(input, <M as Forward>::forward)
     }
 
     /// Runs `forward(replica, shard)` for every shard of `input` and gathers the outputs.
@@ -67,7 +63,7 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// goes in the input as [`Broadcast`](crate::Broadcast), a value that is not a batch as a
     /// number or [`Shared`](crate::Shared), and a second trainable module in the wrapped
     /// module (a tuple of modules is a module). A closure that captures does not compile;
-    /// [`forward_with_captures`](Self::forward_with_captures) takes one, on the exact path.
+    /// [`forward_with_captures`](Self::forward_with_captures) takes one.
     ///
     /// A single shard runs on the calling thread; several run at the same time, each on its
     /// device's worker thread. Return [`Mean`](crate::Mean) or [`Sum`](crate::Sum) around a
@@ -88,17 +84,15 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// A learnable scale every replica uses, passed in the input:
     ///
     /// ```
-    /// use burn::backend::{Autodiff, Flex};
     /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::tensor::Tensor;
+    /// use burn::tensor::{Device, Tensor};
     /// use burn_dataparallel::{Broadcast, DataParallel};
     ///
-    /// type B = Autodiff<Flex>;
-    /// let device = Default::default();
-    /// let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
-    /// let dp = DataParallel::new(model, vec![device; 2]).unwrap();
-    /// let scale = Tensor::<B, 2>::ones([1, 3], &device).require_grad();
-    /// let x = Tensor::<B, 2>::ones([6, 4], &device);
+    /// let device = Device::flex().autodiff();
+    /// let model: Linear = LinearConfig::new(4, 3).init(&device);
+    /// let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let scale = Tensor::<2>::ones([1, 3], &device).require_grad();
+    /// let x = Tensor::<2>::ones([6, 4], &device);
     /// let y = dp.forward_with((x, Broadcast(scale.clone())), |m, (x, Broadcast(s))| {
     ///     m.forward(x) * s
     /// });
@@ -109,16 +103,14 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// Capturing `scale` instead is refused by the compiler:
     ///
     /// ```compile_fail,E0308
-    /// # use burn::backend::{Autodiff, Flex};
     /// # use burn::nn::{Linear, LinearConfig};
-    /// # use burn::tensor::Tensor;
+    /// # use burn::tensor::{Device, Tensor};
     /// # use burn_dataparallel::DataParallel;
-    /// # type B = Autodiff<Flex>;
-    /// # let device = Default::default();
-    /// # let model: Linear<B> = LinearConfig::new(4, 3).init(&device);
-    /// # let dp = DataParallel::new(model, vec![device; 2]).unwrap();
-    /// let scale = Tensor::<B, 2>::ones([1, 3], &device).require_grad();
-    /// let x = Tensor::<B, 2>::ones([6, 4], &device);
+    /// # let device = Device::flex().autodiff();
+    /// # let model: Linear = LinearConfig::new(4, 3).init(&device);
+    /// # let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let scale = Tensor::<2>::ones([1, 3], &device).require_grad();
+    /// let x = Tensor::<2>::ones([6, 4], &device);
     /// let y = dp.forward_with(x, |m, x| m.forward(x) * scale.clone());
     /// ```
     #[rustfmt::skip]
@@ -128,9 +120,8 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         forward: fn(&M, I) -> O,
     ) -> O
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
     {
         self.try_forward_with(input, forward)
             .unwrap_or_else(|error| panic!("{error}"))
@@ -147,13 +138,9 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// # Errors
     ///
     /// Those of [`shards`](Self::shards) for a bad input;
-    /// [`DataParallelError::DeviceTransfersUnsupported`] for distinct devices on a backend that
-    /// cannot move tensors between them; [`DataParallelError::SharedRunningStates`] where
-    /// replicas on other devices would move the module's running states unsafely;
     /// [`DataParallelError::ReplicaPanicked`] when a replica panics (the first replica that
-    /// failed, by position); [`DataParallelError::CapturedTensor`] when a replica's outputs use
-    /// a tracked tensor it reached through a global; those of [`Gather::gather`] when the
-    /// outputs disagree. The wrapper stays usable after an error.
+    /// failed, by position); those of [`Gather::gather`] when the outputs disagree. The
+    /// wrapper stays usable after an error.
     #[rustfmt::skip]
     pub fn try_forward_with<I, O>( // no captures: tensors go in the input (`Broadcast`), else `try_forward_with_captures`
         &self,
@@ -161,9 +148,8 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         forward: fn(&M, I) -> O,
     ) -> Result<O, DataParallelError>
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
     {
         let forward =
             move |replica: &M, shard| Ok::<_, std::convert::Infallible>(forward(replica, shard));
@@ -191,9 +177,8 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         forward: fn(&M, I) -> Result<O, E>,
     ) -> Result<O, DataParallelError>
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
         E: Into<BoxError>,
     {
         self.run(input, forward, false)
@@ -201,18 +186,11 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
 
     /// Runs `forward(replica, shard)`, a closure that may capture tensors and modules, for
     /// every shard of `input` and gathers the outputs, on the exact path: every tracked
-    /// tensor the closure reaches, captured or not, gets the bare model's gradient.
+    /// tensor the closure reaches, captured or not, gets the bare model's gradient, through
+    /// the caller's one autodiff graph.
     ///
-    /// The replicas' forwards join the caller's one autodiff graph and run one after the
-    /// other, each on its device's worker thread (their device work still overlaps), and the
-    /// caller's `backward()` runs every replica's backward in that graph, on the calling
-    /// thread: the parallel backward of [`forward_with`](Self::forward_with) is given up for
-    /// this step, whatever the settings: the backward runs on one thread instead of one per
-    /// replica. What that costs is measured in the crate's benchmark results
-    /// (`benches/RESULTS.md`, "the exact path").
-    ///
-    /// What the closure captures stays on its own device, and Burn does not check the devices
-    /// of every operation, so this form runs only replicas on the output device (several
+    /// What the closure captures stays on its own device, so this form runs only replicas on
+    /// the output device (several
     /// replicas of one device, for tests; or one shard): with others it returns
     /// [`DataParallelError::CapturesAcrossDevices`]. On several devices, pass tensors in the
     /// input and train a second module inside the wrapped one, with
@@ -233,26 +211,23 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// A head trained beside the wrapped body, captured by the closure:
     ///
     /// ```
-    /// use burn::backend::{Autodiff, Flex};
     /// use burn::nn::{Linear, LinearConfig};
-    /// use burn::tensor::Tensor;
+    /// use burn::tensor::{Device, Tensor};
     /// use burn_dataparallel::DataParallel;
     ///
-    /// type B = Autodiff<Flex>;
-    /// let device = Default::default();
-    /// let body: Linear<B> = LinearConfig::new(4, 3).init(&device);
-    /// let head: Linear<B> = LinearConfig::new(3, 2).init(&device);
-    /// let dp = DataParallel::new(body, vec![device; 3]).unwrap();
-    /// let x = Tensor::<B, 2>::ones([9, 4], &device);
+    /// let device = Device::flex().autodiff();
+    /// let body: Linear = LinearConfig::new(4, 3).init(&device);
+    /// let head: Linear = LinearConfig::new(3, 2).init(&device);
+    /// let dp = DataParallel::new(body, vec![device.clone(); 3]).unwrap();
+    /// let x = Tensor::<2>::ones([9, 4], &device);
     /// let y = dp.forward_with_captures(x, |m, x| head.forward(m.forward(x)).tanh());
     /// let grads = y.powi_scalar(2).mean().backward();
     /// assert!(head.weight.grad(&grads).is_some());
     /// ```
     pub fn forward_with_captures<I, O, F>(&self, input: I, forward: F) -> O
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
         F: Fn(&M, I) -> O + Sync,
     {
         self.try_forward_with_captures(input, forward)
@@ -270,17 +245,15 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
     /// # Errors
     ///
     /// [`DataParallelError::CapturesAcrossDevices`] where a shard would go to a device other
-    /// than the output device; those of [`try_forward_with`](Self::try_forward_with) but
-    /// [`DataParallelError::CapturedTensor`], which this path cannot meet.
+    /// than the output device; those of [`try_forward_with`](Self::try_forward_with).
     pub fn try_forward_with_captures<I, O, F>(
         &self,
         input: I,
         forward: F,
     ) -> Result<O, DataParallelError>
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
         F: Fn(&M, I) -> O + Sync,
     {
         let forward =
@@ -288,23 +261,24 @@ impl<B: Backend, M: Module<B>> DataParallel<B, M> {
         self.run(input, forward, true)
     }
 
-    /// The pipeline's forward (`step/`) with this wrapper's module, settings and running
-    /// states; `captures` takes the exact path.
+    /// The pipeline's forward (`step.rs`) with this wrapper's module and settings; `captures`
+    /// keeps every shard on the output device.
     fn run<I, O, E, F>(&self, input: I, forward: F, captures: bool) -> Result<O, DataParallelError>
     where
-        B: ConcatBackend,
-        I: Scatter<B> + Send,
-        O: Gather<B> + Send,
+        I: Scatter + Send,
+        O: Gather + Send,
         E: Into<BoxError>,
         F: Fn(&M, I) -> Result<O, E> + Sync,
     {
-        step::forward(
-            &self.module,
-            &self.settings,
-            input,
-            forward,
-            self.own_states,
-            captures,
-        )
+        if captures && !crate::parallel_apply::in_replica() {
+            // What the closure captures stays on its device (`CapturesAcrossDevices`).
+            let devices = self.shards(&input)?.devices().to_vec();
+            if devices.iter().any(|d| *d != self.settings.output_device) {
+                let devices = format!("{devices:?}");
+                return Err(DataParallelError::CapturesAcrossDevices { devices });
+            }
+        }
+        let forward = |m: &M, input| forward(m, input).map_err(Into::into);
+        step::forward(&self.module, &self.settings, input, forward)
     }
 }

@@ -1,111 +1,68 @@
-//! Splitting a batch into one shard per replica.
+//! Splitting a batch into one shard per replica: [`Scatter`] and its impls for tensors and
+//! the containers that hold them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
 
-use crate::backend::{ConcatKind, Part, comm};
-use crate::backward::ties;
 use crate::error::DataParallelError;
 use crate::shards::Shards;
+use crate::transfer::move_to;
 
 mod whole;
 
 pub use whole::{Broadcast, Shared};
 
-/// A value that can be split into one shard per replica.
+/// A value that can be split into one part per replica.
 ///
-/// Tensors are split along [`Shards::dim`] and moved to each shard's device; tuples, `Vec`,
-/// arrays and `Option` are walked; values that hold no tensor (numbers, strings, [`Shared`])
-/// are cloned into every shard. A user struct gets an implementation from
-/// [`impl_scatter!`](crate::impl_scatter).
+/// Tensors are split along the batch dimension and moved to each shard's device; tuples,
+/// `Vec`, arrays, `Option` and maps are walked; [`Broadcast`] tensors and plain values
+/// (numbers, strings, [`Shared`]) go whole to every replica. For a struct of your own,
+/// [`impl_scatter!`](crate::impl_scatter) writes the impl from its fields.
 ///
 /// # Example
 ///
 /// ```
-/// use burn::backend::Flex;
-/// use burn::tensor::{Int, Tensor};
+/// use burn::tensor::{Device, Tensor};
 /// use burn_dataparallel::{Scatter, Shards};
 ///
-/// let device = Default::default();
-/// let batch = (
-///     Tensor::<Flex, 2>::ones([5, 3], &device),
-///     Tensor::<Flex, 1, Int>::arange(0..5, &device),
-/// );
-/// assert_eq!(batch.batch_size(0).unwrap(), Some(5));
-///
-/// let shards = Shards::<Flex>::new(5, &[device, device], None, 0, device);
+/// let device = Device::flex();
+/// let batch = (Tensor::<2>::ones([5, 3], &device), 0.5f32);
+/// let shards = Shards::new(5, &[device.clone(), device.clone()], None, 0, device);
 /// let parts = batch.scatter(&shards);
 /// assert_eq!(parts[0].0.dims(), [3, 3]);
-/// assert_eq!(parts[1].1.dims(), [2]);
+/// assert_eq!(parts[1].0.dims(), [2, 3]);
+/// assert_eq!(parts[1].1, 0.5);
 /// ```
-pub trait Scatter<B: Backend>: Sized {
-    /// Size of the batch along `dim`, or `None` when the value holds no tensor.
+pub trait Scatter: Sized {
+    /// The size of the batch along `dim`, or `None` when the value holds no tensor to split.
     ///
     /// # Errors
     ///
-    /// [`DataParallelError::BatchSizeMismatch`] when two tensors disagree, and
-    /// [`DataParallelError::DimOutOfRange`] when a tensor has no dimension `dim`.
+    /// [`DataParallelError::DimOutOfRange`] for a tensor without `dim`;
+    /// [`DataParallelError::BatchSizeMismatch`] when two tensors disagree on the size.
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError>;
 
-    /// Splits the value into [`Shards::len`] parts, part `i` on `shards.devices()[i]`.
-    ///
-    /// # Panics
-    ///
-    /// If the value's batch size is not [`Shards::batch_size`]; call
-    /// [`batch_size`](Scatter::batch_size) first.
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self>;
+    /// Splits the value into one part per shard, each on its shard's device.
+    fn scatter(self, shards: &Shards) -> Vec<Self>;
 
-    /// This part's weight in a mean-reduced loss, when it is not its number of rows.
+    /// The weight of this part in the batch's loss, where the number of rows is not it (a
+    /// masked mean, a class-weighted loss): the wrapper combines the replicas' [`Mean`]
+    /// losses by these weights instead of by rows. `None` (the default) leaves rows.
     ///
-    /// Under [`LossReduction::Mean`](crate::LossReduction::Mean) the wrapper weights each
-    /// replica's gradients (under burn-train's `Learner`) and each replica's [`Mean`](crate::Mean)
-    /// value by its shard's share of the batch ([`Shards::loss_shares`]). By default a share
-    /// is the shard's rows over the batch's, which is exact when the loss is a plain mean over
-    /// rows. A loss normalised by something else is the whole batch's only when each shard is
-    /// weighted by that normaliser: return it here, for each scattered part (for a
-    /// class-weighted cross-entropy, the sum of the class weights of the part's targets; for
-    /// masked tokens, the part's unmasked count; for per-sample weights, their sum). A part
-    /// whose weight is zero (every token masked) adds nothing, where its own mean is 0/0.
-    ///
-    /// Called on the calling thread, on every part, after [`scatter`](Scatter::scatter) and
-    /// before the replicas run; reading a tensor here waits for it. Tuples and `Option` pass
-    /// on the first weight among their fields; `None`, the default, means rows.
-    /// [`impl_scatter!`](crate::impl_scatter) takes `loss_weight = |part| ...`.
-    ///
-    /// # Errors
-    ///
-    /// The forward or the step returns [`DataParallelError::InvalidLossWeight`] for a weight
-    /// that is negative, infinite or NaN, or that only some parts state, and
-    /// [`DataParallelError::ZeroLossWeights`] when every part's weight is zero.
+    /// [`Mean`]: crate::Mean
     fn loss_weight(&self) -> Option<f64> {
         None
     }
-
-    /// Whether every tensor that [`scatter`](Scatter::scatter) hands to the parts goes through
-    /// a `Scatter` of this crate's own (a tensor's split, a [`Broadcast`] copy, a value that
-    /// holds no tensor), which ties it to the caller's autodiff graph.
-    ///
-    /// The forward's fast path (each replica's backward on its own graph, at the same time)
-    /// needs every tracked tensor a replica touches to be tied that way; a value the wrapper
-    /// cannot see into might hand a replica the caller's own tensor, so a forward whose
-    /// input answers `false` runs the exact path instead, as
-    /// [`forward_with_captures`](crate::DataParallel::forward_with_captures) does. `false`
-    /// by default; the crate's impls and [`impl_scatter!`](crate::impl_scatter) answer for
-    /// their contents, and a hand-written impl that scatters every field through the
-    /// field's own `Scatter` may answer as its fields do. A step's profile says which path it
-    /// took ([`StepProfile::exact_path`](crate::StepProfile::exact_path)).
-    fn scatters_every_tensor(&self) -> bool {
-        false
-    }
 }
 
-/// Combines the batch sizes of two parts of one input (used by [`impl_scatter!`](crate::impl_scatter)).
+/// The batch size of two parts of one input, for [`Scatter::batch_size`] impls.
 ///
 /// # Errors
 ///
-/// [`DataParallelError::BatchSizeMismatch`] when both are known and differ.
+/// [`DataParallelError::BatchSizeMismatch`] when both have a size and they differ.
 #[doc(hidden)]
 pub fn merge_batch_size(
     first: Option<usize>,
@@ -125,7 +82,7 @@ pub fn merge_batch_size(
     }
 }
 
-impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K> {
+impl<const D: usize, K: Basic> Scatter for Tensor<D, K> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         if dim >= D {
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });
@@ -133,25 +90,16 @@ impl<B: Backend, const D: usize, K: ConcatKind<B>> Scatter<B> for Tensor<B, D, K
         Ok(Some(self.dims()[dim]))
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
-        let ties = ties::current::<B>();
-        let part = Part::Rows { dim: shards.dim() };
-        comm::split(ties.source(&self), shards.sizes(), shards.dim())
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
+        self.split_with_sizes(shards.sizes().to_vec(), shards.dim())
             .into_iter()
             .zip(shards.devices())
-            .enumerate()
-            .map(|(replica, (piece, device))| {
-                ties.input(comm::move_to(piece, device), &self, replica, part)
-            })
+            .map(|(piece, device)| move_to(piece, device))
             .collect()
-    }
-
-    fn scatters_every_tensor(&self) -> bool {
-        true
     }
 }
 
-impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
+impl<T: Scatter> Scatter for Option<T> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         match self {
             Some(value) => value.batch_size(dim),
@@ -159,7 +107,7 @@ impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
         }
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
         match self {
             Some(value) => value.scatter(shards).into_iter().map(Some).collect(),
             None => (0..shards.len()).map(|_| None).collect(),
@@ -167,23 +115,26 @@ impl<B: Backend, T: Scatter<B>> Scatter<B> for Option<T> {
     }
 
     fn loss_weight(&self) -> Option<f64> {
-        self.as_ref().and_then(Scatter::<B>::loss_weight)
-    }
-
-    fn scatters_every_tensor(&self) -> bool {
-        self.as_ref()
-            .is_none_or(Scatter::<B>::scatters_every_tensor)
+        self.as_ref().and_then(Scatter::loss_weight)
     }
 }
 
-impl<B: Backend, T: Scatter<B>> Scatter<B> for Vec<T> {
+/// The batch size of several parts of one input.
+fn merge_all<'a, T: Scatter + 'a>(
+    items: impl IntoIterator<Item = &'a T>,
+    dim: usize,
+) -> Result<Option<usize>, DataParallelError> {
+    items.into_iter().try_fold(None, |size, item| {
+        merge_batch_size(size, item.batch_size(dim)?, dim)
+    })
+}
+
+impl<T: Scatter> Scatter for Vec<T> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
-        self.iter().try_fold(None, |size, item| {
-            merge_batch_size(size, item.batch_size(dim)?, dim)
-        })
+        merge_all(self, dim)
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
         let mut parts: Vec<Self> = (0..shards.len())
             .map(|_| Vec::with_capacity(self.len()))
             .collect();
@@ -194,20 +145,14 @@ impl<B: Backend, T: Scatter<B>> Scatter<B> for Vec<T> {
         }
         parts
     }
-
-    fn scatters_every_tensor(&self) -> bool {
-        self.iter().all(Scatter::<B>::scatters_every_tensor)
-    }
 }
 
-impl<B: Backend, T: Scatter<B>, const N: usize> Scatter<B> for [T; N] {
+impl<T: Scatter, const N: usize> Scatter for [T; N] {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
-        self.iter().try_fold(None, |size, item| {
-            merge_batch_size(size, item.batch_size(dim)?, dim)
-        })
+        merge_all(self, dim)
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
         Vec::from(self)
             .scatter(shards)
             .into_iter()
@@ -217,15 +162,11 @@ impl<B: Backend, T: Scatter<B>, const N: usize> Scatter<B> for [T; N] {
             })
             .collect()
     }
-
-    fn scatters_every_tensor(&self) -> bool {
-        self.iter().all(Scatter::<B>::scatters_every_tensor)
-    }
 }
 
 macro_rules! scatter_tuple {
     ($($name:ident : $index:tt),+) => {
-        impl<B: Backend, $($name: Scatter<B>),+> Scatter<B> for ($($name,)+) {
+        impl<$($name: Scatter),+> Scatter for ($($name,)+) {
             fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
                 let size = None;
                 $(let size = merge_batch_size(size, self.$index.batch_size(dim)?, dim)?;)+
@@ -233,7 +174,7 @@ macro_rules! scatter_tuple {
             }
 
             #[allow(non_snake_case)]
-            fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+            fn scatter(self, shards: &Shards) -> Vec<Self> {
                 $(let mut $name = self.$index.scatter(shards).into_iter();)+
                 (0..shards.len())
                     .map(|_| ($($name.next().expect("one piece per shard"),)+))
@@ -242,10 +183,6 @@ macro_rules! scatter_tuple {
 
             fn loss_weight(&self) -> Option<f64> {
                 None$(.or_else(|| self.$index.loss_weight()))+
-            }
-
-            fn scatters_every_tensor(&self) -> bool {
-                true $(&& self.$index.scatters_every_tensor())+
             }
         }
     };
@@ -260,14 +197,12 @@ scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5);
 scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6);
 scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);
 
-impl<B: Backend, K: Ord + Clone, V: Scatter<B>> Scatter<B> for BTreeMap<K, V> {
+impl<K: Ord + Clone, V: Scatter> Scatter for BTreeMap<K, V> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
-        self.values().try_fold(None, |size, value| {
-            merge_batch_size(size, value.batch_size(dim)?, dim)
-        })
+        merge_all(self.values(), dim)
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
         let mut parts: Vec<Self> = (0..shards.len()).map(|_| BTreeMap::new()).collect();
         for (key, value) in self {
             for (part, piece) in parts.iter_mut().zip(value.scatter(shards)) {
@@ -276,26 +211,19 @@ impl<B: Backend, K: Ord + Clone, V: Scatter<B>> Scatter<B> for BTreeMap<K, V> {
         }
         parts
     }
-
-    fn scatters_every_tensor(&self) -> bool {
-        self.values().all(Scatter::<B>::scatters_every_tensor)
-    }
 }
 
-impl<B, K, V, S> Scatter<B> for HashMap<K, V, S>
+impl<K, V, S> Scatter for HashMap<K, V, S>
 where
-    B: Backend,
     K: Eq + Hash + Clone,
-    V: Scatter<B>,
+    V: Scatter,
     S: BuildHasher + Clone,
 {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
-        self.values().try_fold(None, |size, value| {
-            merge_batch_size(size, value.batch_size(dim)?, dim)
-        })
+        merge_all(self.values(), dim)
     }
 
-    fn scatter(self, shards: &Shards<B>) -> Vec<Self> {
+    fn scatter(self, shards: &Shards) -> Vec<Self> {
         let hasher = self.hasher().clone();
         let mut parts: Vec<Self> = (0..shards.len())
             .map(|_| HashMap::with_capacity_and_hasher(self.len(), hasher.clone()))
@@ -307,21 +235,16 @@ where
         }
         parts
     }
-
-    fn scatters_every_tensor(&self) -> bool {
-        self.values().all(Scatter::<B>::scatters_every_tensor)
-    }
 }
 
-/// The shares of a mean-reduced loss that `parts` (a forward's scattered input) state through
-/// [`Scatter::loss_weight`]: their weights over the weights' sum, or `None` when no part
-/// states one (rows, then).
+/// Each part's share of the batch's loss where the parts state loss weights
+/// ([`Scatter::loss_weight`]), `None` where none does.
 ///
 /// # Errors
 ///
-/// [`DataParallelError::InvalidLossWeight`] for a weight that is negative, infinite or NaN or
-/// that only some parts state; [`DataParallelError::ZeroLossWeights`] when all are zero.
-pub(crate) fn stated_shares<B: Backend, I: Scatter<B>>(
+/// [`DataParallelError::InvalidLossWeight`] for a weight that is negative, not finite or
+/// missing beside others; [`DataParallelError::ZeroLossWeights`] when they add up to zero.
+pub(crate) fn stated_shares<I: Scatter>(
     parts: &[I],
 ) -> Result<Option<Vec<f64>>, DataParallelError> {
     let weights: Vec<Option<f64>> = parts.iter().map(Scatter::loss_weight).collect();

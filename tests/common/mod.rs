@@ -1,169 +1,195 @@
-//! Models, reference comparisons (`compare.rs`) and the backend list (`backends.rs`) shared by
-//! the integration tests.
+//! What the tests share: the device lists every test runs on, the bare-model comparisons and
+//! a watchdog.
+
 #![allow(dead_code)]
 
-use burn::module::Module;
-use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig};
-use burn::nn::{
-    BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Gelu, Linear, LinearConfig, PaddingConfig2d,
-};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
-use burn_dataparallel::Forward;
+use std::sync::mpsc;
+use std::time::Duration;
 
-#[cfg(feature = "cubecl")]
-pub mod adapter;
-#[macro_use]
-mod backends;
-mod compare;
-#[cfg(feature = "cubecl")]
-mod distinct;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::Gradients;
+use burn::tensor::{Device, Tensor};
 
-pub use backends::*;
-pub use compare::*;
-#[cfg(feature = "cubecl")]
-#[allow(unused_imports)]
-pub use distinct::*;
+/// Instantiates `$body(devices)` once per device list: several replicas on Flex, and two
+/// distinct devices of different backends (Flex and NdArray), which moves every parameter,
+/// shard, output and gradient between them.
+#[macro_export]
+macro_rules! on_every_device_list {
+    ($($name:ident => $body:path),+ $(,)?) => {
+        mod flex_two {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex(2))); })+
+        }
+        mod flex_three {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex(3))); })+
+        }
+        mod flex_and_ndarray {
+            $(#[test] fn $name() { $crate::common::within(|| $body(&$crate::common::flex_and_ndarray())); })+
+        }
+        /// The devices of `DATAPARALLEL_DEVICES` (a `DeviceList`: `cuda:0,cuda:0`,
+        /// `cuda:0,cpu`), run with `--ignored` on a machine that has them.
+        mod listed {
+            $(
+                #[test]
+                #[ignore = "runs on the devices of DATAPARALLEL_DEVICES"]
+                fn $name() { $crate::common::within(|| $body(&$crate::common::listed())); }
+            )+
+        }
+    };
+}
 
-/// A two-layer perceptron.
+/// `n` replicas on the Flex CPU device, with autodiff.
+pub fn flex(n: usize) -> Vec<Device> {
+    vec![Device::flex().autodiff(); n]
+}
+
+/// Two distinct devices, Flex then NdArray (deprecated in Burn 0.22, but the one other CPU
+/// backend: distinct devices without a GPU or a Vulkan driver), with autodiff.
+#[allow(deprecated)]
+pub fn flex_and_ndarray() -> Vec<Device> {
+    vec![Device::flex().autodiff(), Device::ndarray().autodiff()]
+}
+
+/// The devices of `DATAPARALLEL_DEVICES`, with autodiff.
 ///
-/// The test models use GELU, not ReLU: their gradients are compared with a single-device run,
-/// and ReLU's gradient jumps at zero. On CUDA the shards' and the whole batch's products round
-/// differently (TF32, see [`TF32_TOLERANCE`]), so a pre-activation within about 1e-3 of zero
-/// can be positive in one run and negative in the other; that one position then moves a whole
-/// output channel's weight gradient by a few percent (seen as `conv_net_seven_over_three`
-/// failing in one channel's 27 elements in 2 of 17 runs on an H200, the other 81 exact). A
-/// smooth activation keeps the gradient within rounding of the reference, while a lost or
-/// doubled replica contribution still differs by orders of magnitude more.
-#[derive(Module, Debug)]
-pub struct Mlp<B: Backend> {
-    pub hidden: Linear<B>,
-    pub activation: Gelu,
-    pub output: Linear<B>,
+/// # Panics
+///
+/// When the variable is unset or does not parse.
+pub fn listed() -> Vec<Device> {
+    let list =
+        std::env::var("DATAPARALLEL_DEVICES").expect("DATAPARALLEL_DEVICES names the devices");
+    let devices: burn_dataparallel::DeviceList = list
+        .parse()
+        .unwrap_or_else(|error| panic!("DATAPARALLEL_DEVICES={list}: {error}"));
+    devices.autodiff().into_vec()
 }
 
-impl<B: Backend> Mlp<B> {
-    pub fn new(inputs: usize, hidden: usize, outputs: usize, device: &B::Device) -> Self {
-        Self {
-            hidden: LinearConfig::new(inputs, hidden).init(device),
-            activation: Gelu::new(),
-            output: LinearConfig::new(hidden, outputs).init(device),
+/// Runs `body` on a thread of its own and fails the test if it takes over a minute (a hang
+/// fails in bounded time) or panics.
+pub fn within<F: FnOnce() + Send + 'static>(body: F) {
+    let (done, finished) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => handle.join().expect("the test body"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(payload) = handle.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within 60 s"),
+    }
+}
+
+/// The values of `tensor`, on the host.
+pub fn values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("f32 values")
+}
+
+/// The tolerance of a GPU's float32 results: its matrix products may run in TF32 (a 10-bit
+/// mantissa), and a shard's sums are rounded in another order than the whole batch's.
+pub const GPU_TOLERANCE: f32 = 5e-3;
+
+/// Whether `device` is one of the CPU backends, whose float32 arithmetic is exact float32.
+pub fn on_cpu(device: &Device) -> bool {
+    let name = format!("{device:?}");
+    name.contains("Flex") || name.contains("NdArray")
+}
+
+/// Asserts that two tensors hold the same shape and values within `tolerance` (absolute,
+/// relative to the larger magnitude above 1), widened to [`GPU_TOLERANCE`] for tensors on a
+/// GPU where `tolerance` is not zero.
+pub fn assert_close<const D: usize>(
+    found: Tensor<D>,
+    expected: Tensor<D>,
+    tolerance: f32,
+    what: &str,
+) {
+    assert_eq!(found.dims(), expected.dims(), "{what}: shapes");
+    let gpu = !on_cpu(&found.device()) || !on_cpu(&expected.device());
+    let tolerance = match gpu && tolerance > 0.0 {
+        true => tolerance.max(GPU_TOLERANCE),
+        false => tolerance,
+    };
+    let (found, expected) = (values(found), values(expected));
+    for (i, (f, e)) in found.iter().zip(&expected).enumerate() {
+        let scale = f.abs().max(e.abs()).max(1.0);
+        assert!(
+            (f - e).abs() <= tolerance * scale,
+            "{what}: element {i} is {f}, expected {e}"
+        );
+    }
+}
+
+/// Every float parameter's value and gradient, in visiting order.
+pub fn params_and_grads<M: Module>(
+    module: &M,
+    grads: &Gradients,
+) -> Vec<(Tensor<1>, Option<Tensor<1>>)> {
+    struct Collect<'a> {
+        grads: &'a Gradients,
+        out: Vec<(Tensor<1>, Option<Tensor<1>>)>,
+    }
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let grad = value.grad(self.grads).map(|g| g.flatten(0, D - 1));
+            self.out.push((value.flatten(0, D - 1).detach(), grad));
         }
     }
-
-    pub fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.output
-            .forward(self.activation.forward(self.hidden.forward(input)))
-    }
+    let mut collect = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    module.visit(&mut collect);
+    collect.out
 }
 
-impl<B: burn_dataparallel::ConcatBackend> Forward<B> for Mlp<B> {
-    type Input = Tensor<B, 2>;
-    type Output = Tensor<B, 2>;
-
-    fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.forward(input)
-    }
-}
-
-/// A small convolutional classifier for `[batch, 3, 6, 6]` images.
-#[derive(Module, Debug)]
-pub struct ConvNet<B: Backend> {
-    pub conv: Conv2d<B>,
-    pub activation: Gelu,
-    pub pool: AdaptiveAvgPool2d,
-    pub head: Linear<B>,
-}
-
-impl<B: Backend> ConvNet<B> {
-    pub fn new(device: &B::Device) -> Self {
-        Self {
-            conv: Conv2dConfig::new([3, 4], [3, 3])
-                .with_padding(PaddingConfig2d::Same)
-                .init(device),
-            activation: Gelu::new(),
-            pool: AdaptiveAvgPool2dConfig::new([2, 2]).init(),
-            head: LinearConfig::new(16, 3).init(device),
+/// Every float parameter's value, in visiting order.
+pub fn params<M: Module>(module: &M) -> Vec<Tensor<1>> {
+    struct Collect(Vec<Tensor<1>>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().flatten(0, D - 1).detach());
         }
     }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
 
-    pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let features = self
-            .pool
-            .forward(self.activation.forward(self.conv.forward(images)));
-        self.head.forward(features.flatten(1, 3))
+/// Asserts that two modules' parameters agree within `tolerance`.
+pub fn assert_same_params<M: Module>(found: &M, expected: &M, tolerance: f32) {
+    let (found, expected) = (params(found), params(expected));
+    assert_eq!(found.len(), expected.len(), "parameter count");
+    for (i, (f, e)) in found.into_iter().zip(expected).enumerate() {
+        assert_close(f, e, tolerance, &format!("parameter {i}"));
     }
 }
 
-/// A perceptron with batch normalization and dropout.
-#[derive(Module, Debug)]
-pub struct BnNet<B: Backend> {
-    pub hidden: Linear<B>,
-    pub norm: BatchNorm<B>,
-    pub activation: Gelu,
-    pub dropout: Dropout,
-    pub output: Linear<B>,
-}
-
-impl<B: Backend> BnNet<B> {
-    pub fn new(dropout: f64, device: &B::Device) -> Self {
-        Self {
-            hidden: LinearConfig::new(8, 16).init(device),
-            norm: BatchNormConfig::new(16).init(device),
-            activation: Gelu::new(),
-            dropout: DropoutConfig::new(dropout).init(),
-            output: LinearConfig::new(16, 4).init(device),
+/// Asserts that the gradients `found` gives `module`'s parameters are those `expected` gives.
+pub fn assert_same_grads<M: Module>(
+    module: &M,
+    found: &Gradients,
+    expected: &Gradients,
+    tolerance: f32,
+) {
+    let found = params_and_grads(module, found);
+    let expected = params_and_grads(module, expected);
+    for (i, ((_, f), (_, e))) in found.into_iter().zip(expected).enumerate() {
+        match (f, e) {
+            (Some(f), Some(e)) => assert_close(f, e, tolerance, &format!("gradient {i}")),
+            (None, None) => {}
+            (f, e) => panic!(
+                "gradient {i}: found {}, expected {}",
+                f.is_some(),
+                e.is_some()
+            ),
         }
     }
-
-    pub fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
-        let hidden = self.norm.forward(self.hidden.forward(input));
-        self.output
-            .forward(self.dropout.forward(self.activation.forward(hidden)))
-    }
-}
-
-/// A tensor of uniform random values in `[-1, 1)`.
-pub fn random<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Tensor<B, D> {
-    Tensor::random(shape, Distribution::Uniform(-1.0, 1.0), device)
-}
-
-/// A fixed, position-dependent weighting: `sum(output * probe(output))` gives every output
-/// element a different gradient.
-pub fn probe<B: Backend, const D: usize>(like: &Tensor<B, D>) -> Tensor<B, D> {
-    let shape = like.shape();
-    let n = shape.num_elements() as i64;
-    Tensor::<B, 1, burn::tensor::Int>::arange(0..n, &like.device())
-        .float()
-        .mul_scalar(0.37)
-        .sin()
-        .reshape(shape)
-}
-
-/// Where forwards note the threads they ran on: the forwards capture nothing, so each call
-/// passes a token of its own ([`thread_token`]) in its input (tests run at the same time in
-/// one process).
-static THREADS: std::sync::Mutex<Vec<(u64, std::thread::ThreadId)>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// A token no other call of this process has.
-pub fn thread_token() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Notes that a forward of call `token` ran on this thread.
-pub fn note_thread(token: u64) {
-    let mut threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
-    threads.push((token, std::thread::current().id()));
-}
-
-/// The threads call `token`'s forwards ran on, in the order noted.
-pub fn threads_of(token: u64) -> Vec<std::thread::ThreadId> {
-    let threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
-    (threads.iter())
-        .filter(|(t, _)| *t == token)
-        .map(|(_, id)| *id)
-        .collect()
 }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The suite on CUDA: built on a machine without a GPU, run on one with.
 #
-#   next/scripts/gpu.sh build              # here: the release test binaries, CUDA with Burn's
-#                                          # fusion and autotune (FEATURES to change), into
-#                                          # next/gpu-bundle/ (xz-compressed; ignored by git)
-#   next/scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
-#                                          # the suite on every device list of LISTS, each
-#                                          # test file in a fresh process, logs in LOG_DIR
+#   scripts/gpu.sh build              # here: the release test binaries, CUDA with Burn's
+#                                     # fusion and autotune (FEATURES to change), into
+#                                     # gpu-bundle/ (xz-compressed; ignored by git)
+#   scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
+#                                     # the suite on every device list of LISTS, each
+#                                     # in a fresh process, logs in LOG_DIR
 #
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
@@ -19,7 +19,7 @@ BUNDLE=gpu-bundle
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
     local features=${FEATURES:-cuda,fusion,autotune}
-    bash ../scripts/llvm-from-pypi.sh
+    bash scripts/llvm-from-pypi.sh
     mkdir -p "$BUNDLE"
     cargo test --release --features "$features" --no-run --message-format=json \
         | python3 -c '

@@ -17,6 +17,7 @@ pub(crate) enum Replicas {
     /// Moved with `to_device`: the caller's backward reaches the module's parameters.
     Tied,
     /// Forked: parameters of their own (same ids), for a backward inside the replica.
+    #[cfg_attr(not(feature = "train"), allow(dead_code))]
     Own,
 }
 
