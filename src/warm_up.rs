@@ -56,6 +56,20 @@ impl<M: Module> DataParallel<M> {
     /// let warm = dp.warm_up(sample, |m, x| m.forward(x).powi_scalar(2).mean()).unwrap();
     /// assert_eq!(warm.shard_sizes, [4, 4]);
     /// ```
+    ///
+    /// A loss that captures does not compile:
+    ///
+    /// ```compile_fail,E0308
+    /// # use burn::nn::{Linear, LinearConfig};
+    /// # use burn::tensor::{Device, Tensor};
+    /// # use burn_dataparallel::DataParallel;
+    /// # let device = Device::flex().autodiff();
+    /// # let model: Linear = LinearConfig::new(4, 2).init(&device);
+    /// # let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let target = Tensor::<2>::zeros([1, 2], &device);
+    /// let sample = Tensor::<2>::ones([8, 4], &device);
+    /// let warm = dp.warm_up(sample, |m, x| (m.forward(x) - target.clone()).powi_scalar(2).mean());
+    /// ```
     #[rustfmt::skip]
     pub fn warm_up<I>( // no captures: tensors go in the sample (`Broadcast`)
         &self,

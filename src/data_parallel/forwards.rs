@@ -170,6 +170,40 @@ impl<M: Module> DataParallel<M> {
     ///
     /// Those of [`try_forward_with`](Self::try_forward_with), and
     /// [`DataParallelError::ReplicaFailed`] when a replica returns an error.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::tensor::{Device, Tensor};
+    /// use burn_dataparallel::DataParallel;
+    ///
+    /// let device = Device::flex().autodiff();
+    /// let model: Linear = LinearConfig::new(4, 2).init(&device);
+    /// let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let result = dp.try_forward_fallible(Tensor::<2>::ones([6, 4], &device), |m, x| {
+    ///     match x.dims()[0] {
+    ///         0 => Err(std::io::Error::other("an empty shard")),
+    ///         _ => Ok(m.forward(x)),
+    ///     }
+    /// });
+    /// assert_eq!(result.unwrap().dims(), [6, 2]);
+    /// ```
+    ///
+    /// A closure that captures does not compile here either:
+    ///
+    /// ```compile_fail,E0308
+    /// # use burn::nn::{Linear, LinearConfig};
+    /// # use burn::tensor::{Device, Tensor};
+    /// # use burn_dataparallel::DataParallel;
+    /// # let device = Device::flex().autodiff();
+    /// # let model: Linear = LinearConfig::new(4, 2).init(&device);
+    /// # let dp = DataParallel::new(model, vec![device.clone(); 2]).unwrap();
+    /// let scale = Tensor::<2>::ones([1, 2], &device).require_grad();
+    /// let result = dp.try_forward_fallible(Tensor::<2>::ones([6, 4], &device), |m, x| {
+    ///     Ok::<_, std::io::Error>(m.forward(x) * scale.clone())
+    /// });
+    /// ```
     #[rustfmt::skip]
     pub fn try_forward_fallible<I, O, E>( // no captures: tensors go in the input (`Broadcast`), else `try_forward_with_captures`
         &self,
