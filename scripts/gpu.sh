@@ -7,6 +7,10 @@
 #   scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
 #                                     # the suite on every device list of LISTS, each
 #                                     # in a fresh process, logs in LOG_DIR
+#   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
+#                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
+#                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time;
+#                                     # counts the failures, keeps their logs
 #
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
@@ -14,7 +18,7 @@
 # keeps no cache between processes: every list's time includes compiling its kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUNDLE=gpu-bundle
+BUNDLE=${BUNDLE:-gpu-bundle}
 
 build() {
     export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
@@ -37,13 +41,9 @@ for line in sys.stdin:
 
 run() {
     local log=${1:?LOG_DIR}
-    mkdir -p "$log" "$BUNDLE/bin"
+    mkdir -p "$log"
     log=$(cd "$log" && pwd)
-    for packed in "$BUNDLE"/*.xz; do
-        local name; name=$(basename "$packed" .xz)
-        xz -dc "$packed" > "$BUNDLE/bin/$name"
-        chmod +x "$BUNDLE/bin/$name"
-    done
+    unpack
     export RUST_BACKTRACE=1
     echo "features: $(cat "$BUNDLE/features" 2>/dev/null)" | tee "$log/summary.txt"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log/summary.txt"
@@ -65,8 +65,34 @@ run() {
         || echo "unknown device: FAILED" | tee -a "$log/summary.txt"
 }
 
+unpack() {
+    mkdir -p "$BUNDLE/bin"
+    for packed in "$BUNDLE"/*.xz; do
+        local name; name=$(basename "$packed" .xz)
+        xz -dc "$packed" > "$BUNDLE/bin/$name"
+        chmod +x "$BUNDLE/bin/$name"
+    done
+}
+
+repeat() {
+    local log=${1:?LOG_DIR}
+    mkdir -p "$log"
+    log=$(cd "$log" && pwd)
+    unpack
+    local filter=${REPEAT_FILTER:-learner} runs=${REPEAT_RUNS:-300}
+    export DATAPARALLEL_DEVICES=${REPEAT_LIST:-cuda:0,cuda:0}
+    local start; start=$(date +%s%N)
+    seq 1 "$runs" | xargs -P "${REPEAT_JOBS:-8}" -I{} sh -c \
+        "timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1 && rm '$log/repeat-{}.log' || true"
+    local failed; failed=$(ls "$log"/repeat-*.log 2>/dev/null | wc -l)
+    local took=$(( ($(date +%s%N) - start) / 1000000000 ))
+    echo "repeat $filter on $DATAPARALLEL_DEVICES: $failed of $runs fresh processes failed ($took s, features $(cat "$BUNDLE/features" 2>/dev/null))" \
+        | tee -a "$log/summary.txt"
+}
+
 case "${1:-}" in
     build) build ;;
     run) shift; run "$@" ;;
-    *) sed -n 2,14p "$0"; exit 2 ;;
+    repeat) shift; repeat "$@" ;;
+    *) sed -n 2,18p "$0"; exit 2 ;;
 esac
