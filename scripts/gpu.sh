@@ -84,7 +84,7 @@ repeat() {
     local start; start=$(date +%s%N)
     seq 1 "$runs" | xargs -P "${REPEAT_JOBS:-8}" -I{} sh -c \
         "timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1 && rm '$log/repeat-{}.log' || true"
-    local failed; failed=$(ls "$log"/repeat-*.log 2>/dev/null | wc -l)
+    local failed; failed=$(find "$log" -maxdepth 1 -name 'repeat-*.log' | wc -l)
     local took=$(( ($(date +%s%N) - start) / 1000000000 ))
     echo "repeat $filter on $DATAPARALLEL_DEVICES: $failed of $runs fresh processes failed ($took s, features $(cat "$BUNDLE/features" 2>/dev/null))" \
         | tee -a "$log/summary.txt"
