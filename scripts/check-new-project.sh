@@ -5,8 +5,8 @@
 #   1. the path form and the CPU program: built and run;
 #   2. the git form, against a bare clone of this checkout's HEAD (`file://`, as no git host
 #      is reached here): built and run;
-#   3. `cargo add burn@0.22.1 --features train,flex` then `cargo add burn-dataparallel --path
-#      ...`, with the same program: built and run.
+#   3. the `cargo add` commands of the README's note on systemstat, with the same program:
+#      built and run.
 #
 # The projects share one target folder, so each after the first builds little but itself.
 #
@@ -55,11 +55,13 @@ project git "git Cargo.toml" "file://$tmp/repo.git" "$main"
 (cd "$tmp/git" && cargo run --quiet)
 echo "new project (README's git form, a clone of HEAD): built and ran"
 
-# The `cargo add` path: Burn, then this crate.
+# The `cargo add` path, the README's three commands: Burn first, then the downgrade, then
+# this crate.
 cargo new --quiet --vcs none --bin "$tmp/added"
 (
     cd "$tmp/added"
     cargo add --quiet burn@0.22.1 --features train,flex
+    cargo update --quiet -p systemstat --precise 0.2.7
     cargo add --quiet burn-dataparallel --path "$repo"
     printf '%s\n' "$main" >src/main.rs
     cargo run --quiet
