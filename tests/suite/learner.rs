@@ -76,36 +76,50 @@ fn batches(device: &Device) -> Vec<Batch> {
         .collect()
 }
 
+/// Trains `bare` and a wrapper of it over `devices` side by side, each batch the model's
+/// `TrainStep::step` then its own `optimize` (SGD at `lr`), `check`ing each step's wrapped
+/// output against the bare one and the parameters after every step; the wrapper.
+fn train_beside<M>(
+    mut bare: M,
+    devices: &[Device],
+    lr: f64,
+    check: impl Fn(&TrainOutput<RegressionOutput>, &TrainOutput<RegressionOutput>),
+) -> DataParallel<M>
+where
+    M: TrainStep<Input = Batch, Output = RegressionOutput> + Module,
+{
+    let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
+    let mut bare_optim: ModuleOptimizer = SgdConfig::new().init();
+    let mut dp_optim: ModuleOptimizer = SgdConfig::new().init();
+    for batch in batches(&devices[0]) {
+        let expected = TrainStep::step(&bare, batch.clone());
+        let found = TrainStep::step(&dp, batch);
+        check(&found, &expected);
+        bare = bare.optimize(&mut bare_optim, lr.into(), expected.grads);
+        dp = dp.optimize(&mut dp_optim, lr.into(), found.grads);
+        assert_same_params(dp.module(), &bare, 1e-5);
+    }
+    dp
+}
+
 /// Three training steps, each the model's `TrainStep::step` then its `optimize`, wrapped
 /// and bare: the same items and the same parameters.
 pub fn train_steps_match_the_bare_model(devices: &[Device]) {
     let device = &devices[0];
-    let mut bare = Regressor {
+    let bare = Regressor {
         mlp: Mlp::new(device),
     };
-    let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
-    let mut bare_optim: ModuleOptimizer = SgdConfig::new().init();
-    let mut dp_optim: ModuleOptimizer = SgdConfig::new().init();
-    for batch in batches(device) {
-        let expected = TrainStep::step(&bare, batch.clone());
-        let found = TrainStep::step(&dp, batch);
+    let dp = train_beside(bare, devices, 0.1, |found, expected| {
+        assert_eq!(found.grads.len(), expected.grads.len(), "gradients");
+        let (found, expected) = (&found.item, &expected.item);
+        assert_close(found.loss.clone(), expected.loss.clone(), 1e-5, "loss");
         assert_close(
-            found.item.loss.clone(),
-            expected.item.loss.clone(),
-            1e-5,
-            "loss",
-        );
-        assert_close(
-            found.item.output.clone(),
-            expected.item.output.clone(),
+            found.output.clone(),
+            expected.output.clone(),
             1e-5,
             "output",
         );
-        assert_eq!(found.grads.len(), expected.grads.len(), "gradients");
-        bare = bare.optimize(&mut bare_optim, 0.1.into(), expected.grads);
-        dp = dp.optimize(&mut dp_optim, 0.1.into(), found.grads);
-        assert_same_params(dp.module(), &bare, 1e-5);
-    }
+    });
     assert_eq!(dp.devices(), vec![device.clone()]);
 }
 
@@ -164,22 +178,12 @@ impl burn::module::ModuleMapper for ClampAll {
 }
 
 pub fn the_model_s_own_optimize_runs(devices: &[Device]) {
-    let device = &devices[0];
-    let mut bare = Clamped {
+    let bare = Clamped {
         regressor: Regressor {
-            mlp: Mlp::new(device),
+            mlp: Mlp::new(&devices[0]),
         },
     };
-    let mut dp = DataParallel::new(bare.clone(), devices.to_vec()).unwrap();
-    let mut bare_optim: ModuleOptimizer = SgdConfig::new().init();
-    let mut dp_optim: ModuleOptimizer = SgdConfig::new().init();
-    for batch in batches(device) {
-        let expected = TrainStep::step(&bare, batch.clone());
-        let found = TrainStep::step(&dp, batch);
-        bare = bare.optimize(&mut bare_optim, 0.5.into(), expected.grads);
-        dp = dp.optimize(&mut dp_optim, 0.5.into(), found.grads);
-    }
-    assert_same_params(dp.module(), &bare, 1e-5);
+    let dp = train_beside(bare, devices, 0.5, |_, _| {});
     let largest = crate::common::params(dp.module())
         .into_iter()
         .flat_map(crate::common::values)
