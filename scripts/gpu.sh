@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The suite on CUDA: built on a machine without a GPU, run on one with.
 #
-#   scripts/gpu.sh build              # here: the release test binaries, CUDA with Burn's
-#                                     # fusion and autotune (FEATURES to change), into
-#                                     # gpu-bundle/ (xz-compressed; ignored by git)
+#   scripts/gpu.sh build              # here: the release test and bench binaries, CUDA with
+#                                     # Burn's fusion and autotune (FEATURES to change), into
+#                                     # gpu-bundle/ (stripped, xz-compressed; ignored by git)
 #   scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
 #                                     # the suite on every device list of LISTS, each
 #                                     # in a fresh process, logs in LOG_DIR
+#   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
+#                                     # its Learner comparison and cold starts (BENCH_MODES)
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
 #                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time;
@@ -14,8 +16,9 @@
 #
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
-# whole set (1). Without Burn's `persistence` feature (FEATURES=...,burn/persistence) CubeCL
-# keeps no cache between processes: every list's time includes compiling its kernels.
+# whole set (1); FLOATS (e.g. "f32 f16 bf16") the float types each list runs in (f32).
+# Without Burn's `persistence` feature (FEATURES=...,burn/persistence) CubeCL keeps no
+# cache between processes: every list's time includes compiling its kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-gpu-bundle}
@@ -25,15 +28,19 @@ build() {
     local features=${FEATURES:-cuda,fusion,autotune}
     bash scripts/llvm-from-pypi.sh
     mkdir -p "$BUNDLE"
-    cargo test --release --features "$features" --no-run --message-format=json \
+    { cargo test --release --features "$features" --no-run --message-format=json
+      cargo bench --features "$features" --no-run --message-format=json; } \
         | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["bench"]):
         print(m["target"]["name"], m["executable"])
-' | while read -r name path; do
-        xz -T0 -3 -c "$path" > "$BUNDLE/$name.xz"
+' | sort -u | while read -r name path; do
+        # Stripped, a binary that links LLVM packs to about 31 MB: two fit one call's 64 MiB.
+        strip -o "$BUNDLE/$name" "$path"
+        xz -T0 -6 -c "$BUNDLE/$name" > "$BUNDLE/$name.xz"
+        rm "$BUNDLE/$name"
         echo "$BUNDLE/$name.xz: $(du -h "$BUNDLE/$name.xz" | cut -f1)"
     done
     echo "$features" > "$BUNDLE/features"
@@ -49,20 +56,56 @@ run() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log/summary.txt"
     local lists=${LISTS:-cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0}
     for round in $(seq 1 "${RUNS:-1}"); do
-        for list in $lists; do
-            local start; start=$(date +%s%N)
-            local status=passed name=${list//[:,]/_}
-            DATAPARALLEL_DEVICES=$list timeout 300 "$BUNDLE/bin/suite" --ignored listed:: \
-                --test-threads=1 > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
-            local took=$(( ($(date +%s%N) - start) / 1000000 ))
-            local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1)
-            printf 'round %s %-22s %s in %s ms: %s\n' "$round" "$list" "$status" "$took" "$counts" \
-                | tee -a "$log/summary.txt"
+        for float in ${FLOATS:-f32}; do
+            for list in $lists; do
+                local start; start=$(date +%s%N)
+                local status=passed name=${list//[:,]/_}-$float
+                DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list timeout 300 \
+                    "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
+                    > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
+                local took=$(( ($(date +%s%N) - start) / 1000000 ))
+                local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1)
+                printf 'round %s %-22s %-4s %s in %s ms: %s\n' "$round" "$list" "$float" "$status" \
+                    "$took" "$counts" | tee -a "$log/summary.txt"
+            done
         done
     done
     timeout 120 "$BUNDLE/bin/suite" --ignored a_gpu_that_does_not_exist \
         > "$log/unknown-device.log" 2>&1 && echo "unknown device: passed" | tee -a "$log/summary.txt" \
         || echo "unknown device: FAILED" | tee -a "$log/summary.txt"
+}
+
+bench() {
+    local log=${1:?LOG_DIR}
+    mkdir -p "$log"
+    log=$(cd "$log" && pwd)
+    unpack
+    local bin=$BUNDLE/bin/train_step devices=${BENCH_DEVICES:-cuda:0}
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/bench-gpu.txt"
+    for mode in ${BENCH_MODES:-loop learner cold}; do
+        case $mode in
+            loop) timeout "${BENCH_LIMIT:-900}" "$bin" loop --devices "$devices" $BENCH_ARGS \
+                    2>&1 | tee "$log/bench-loop.log" || true ;;
+            learner) timeout "${BENCH_LIMIT:-900}" "$bin" learner --devices "$devices" \
+                    --replicas "${LEARNER_REPLICAS:-2}" --rounds "${LEARNER_ROUNDS:-3}" $BENCH_ARGS \
+                    2>&1 | tee "$log/bench-learner.log" || true ;;
+            cold)
+                # A fresh process each, twice: on an empty kernel cache, then on the cache
+                # the first left (CubeCL keeps one in target/environment with Burn's
+                # `persistence` feature; without it, both runs are cold).
+                for model in mlp resnet18; do
+                    for replicas in 0 1 2; do
+                        rm -rf target/environment
+                        for cache in empty kept; do
+                            echo -n "$cache cache: " >> "$log/bench-cold.log"
+                            timeout 300 "$bin" cold --devices "$devices" --models "$model" \
+                                --cold-replicas "$replicas" 2>&1 | tail -1 \
+                                | tee -a "$log/bench-cold.log" || true
+                        done
+                    done
+                done ;;
+        esac
+    done
 }
 
 unpack() {
@@ -94,5 +137,6 @@ case "${1:-}" in
     build) build ;;
     run) shift; run "$@" ;;
     repeat) shift; repeat "$@" ;;
-    *) sed -n 2,18p "$0"; exit 2 ;;
+    bench) shift; bench "$@" ;;
+    *) sed -n 2,21p "$0"; exit 2 ;;
 esac

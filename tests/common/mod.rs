@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Gradients;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, DeviceError, FloatDType, Tensor};
 
 /// Instantiates `$body(devices)` once per device list: several replicas on Flex, and two
 /// distinct devices of different backends (Flex and NdArray), which moves every parameter,
@@ -49,18 +49,44 @@ pub fn flex_and_ndarray() -> Vec<Device> {
     vec![Device::flex().autodiff(), Device::ndarray().autodiff()]
 }
 
-/// The devices of `DATAPARALLEL_DEVICES`, with autodiff.
+/// The devices of `DATAPARALLEL_DEVICES`, with autodiff, their float type set to
+/// `DATAPARALLEL_FLOAT` (`f16`, `bf16`; `f32` when unset).
 ///
 /// # Panics
 ///
-/// When the variable is unset or does not parse.
+/// When a variable does not parse, or a device does not support the float type.
 pub fn listed() -> Vec<Device> {
     let list =
         std::env::var("DATAPARALLEL_DEVICES").expect("DATAPARALLEL_DEVICES names the devices");
     let devices: burn_dataparallel::DeviceList = list
         .parse()
         .unwrap_or_else(|error| panic!("DATAPARALLEL_DEVICES={list}: {error}"));
-    devices.autodiff().into_vec()
+    let float = match std::env::var("DATAPARALLEL_FLOAT").as_deref() {
+        Ok("f16") => FloatDType::F16,
+        Ok("bf16") => FloatDType::BF16,
+        Ok("f32") | Err(_) => FloatDType::F32,
+        Ok(other) => panic!("DATAPARALLEL_FLOAT is f16, bf16 or f32, not {other:?}"),
+    };
+    let mut devices = devices.into_vec();
+    for device in &mut devices {
+        // Settings hold for the process; an earlier test (or the device's first entry) set
+        // them already.
+        match device.configure(float) {
+            Ok(()) | Err(DeviceError::AlreadyInitialized { .. }) => {}
+            Err(error) => panic!("{device:?} in {float:?}: {error}"),
+        }
+        assert_eq!(
+            device.settings().float_dtype,
+            float,
+            "{device:?}: its float type was set before the tests"
+        );
+    }
+    let devices: Vec<Device> = devices.into_iter().map(Device::autodiff).collect();
+    for device in &devices {
+        let dtype = Tensor::<1>::zeros([1], device).dtype();
+        assert_eq!(dtype, float.into(), "{device:?}: tensors in {dtype:?}");
+    }
+    devices
 }
 
 /// Runs `body` on a thread of its own and fails the test if it takes over a minute (a hang
@@ -95,6 +121,11 @@ pub fn values<const D: usize>(tensor: Tensor<D>) -> Vec<f32> {
 /// mantissa), and a shard's sums are rounded in another order than the whole batch's.
 pub const GPU_TOLERANCE: f32 = 5e-3;
 
+/// The tolerance of results in 16-bit floats (`DATAPARALLEL_FLOAT`): a few units of their
+/// last place, over sums of a few dozen terms and three optimizer steps.
+pub const F16_TOLERANCE: f32 = 2e-2;
+pub const BF16_TOLERANCE: f32 = 8e-2;
+
 /// Whether `device` is one of the CPU backends, whose float32 arithmetic is exact float32.
 pub fn on_cpu(device: &Device) -> bool {
     let name = format!("{device:?}");
@@ -103,7 +134,8 @@ pub fn on_cpu(device: &Device) -> bool {
 
 /// Asserts that two tensors hold the same shape and values within `tolerance` (absolute,
 /// relative to the larger magnitude above 1), widened to [`GPU_TOLERANCE`] for tensors on a
-/// GPU where `tolerance` is not zero.
+/// GPU and to [`F16_TOLERANCE`] or [`BF16_TOLERANCE`] for 16-bit tensors, where `tolerance`
+/// is not zero.
 pub fn assert_close<const D: usize>(
     found: Tensor<D>,
     expected: Tensor<D>,
@@ -112,8 +144,14 @@ pub fn assert_close<const D: usize>(
 ) {
     assert_eq!(found.dims(), expected.dims(), "{what}: shapes");
     let gpu = !on_cpu(&found.device()) || !on_cpu(&expected.device());
-    let tolerance = match gpu && tolerance > 0.0 {
-        true => tolerance.max(GPU_TOLERANCE),
+    let floor = match (found.dtype(), expected.dtype()) {
+        (DType::BF16, _) | (_, DType::BF16) => BF16_TOLERANCE,
+        (DType::F16, _) | (_, DType::F16) => F16_TOLERANCE,
+        _ if gpu => GPU_TOLERANCE,
+        _ => 0.0,
+    };
+    let tolerance = match tolerance > 0.0 {
+        true => tolerance.max(floor),
         false => tolerance,
     };
     let (found, expected) = (values(found), values(expected));

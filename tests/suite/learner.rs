@@ -188,7 +188,8 @@ pub fn the_model_s_own_optimize_runs(devices: &[Device]) {
         .into_iter()
         .flat_map(crate::common::values)
         .fold(0.0f32, |m, v| m.max(v.abs()));
-    assert!(largest <= 0.1 + 1e-6, "largest weight {largest}");
+    // 0.1 rounded to a 16-bit float (`DATAPARALLEL_FLOAT`) may lie above 0.1.
+    assert!(largest <= 0.1 * 1.001, "largest weight {largest}");
 }
 
 crate::on_every_device_list!(

@@ -1,0 +1,358 @@
+//! `learner`: burn-train's `SupervisedTraining` with the bare model, the wrapper and
+//! `MultiDevice` (both optimizer modes), each configuration a process of its own.
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::optim::SgdConfig;
+use burn::tensor::Device;
+use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
+use burn::train::metric::LossMetric;
+use burn::train::renderer::{
+    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
+    MetricsRendererTraining,
+};
+use burn::train::{ClassificationOutput, metric::MetricDefinition};
+use burn::train::{ExecutionStrategy, Learner, LearnerModel, MultiDeviceOptim, SupervisedTraining};
+use burn::train::{InferenceStep, TrainStep};
+use burn_dataparallel::DataParallel;
+
+use crate::models::{Batch, Net};
+use crate::{Args, median};
+
+/// Epochs per run; the first is the warm-up.
+const EPOCHS: usize = 3;
+/// How long one configuration may take before it counts as hung.
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// The configurations of one replica count: name, `--config`.
+fn configs(replicas: usize) -> Vec<(String, &'static str, usize)> {
+    let mut list = vec![("bare Learner".to_string(), "bare", 1)];
+    list.push((
+        format!("DataParallel x{replicas} under the Learner"),
+        "dp",
+        replicas,
+    ));
+    if replicas > 1 {
+        list.push((
+            format!("MultiDevice x{replicas}, OptimMainDevice"),
+            "main",
+            replicas,
+        ));
+        list.push((
+            format!("MultiDevice x{replicas}, OptimSharded"),
+            "sharded",
+            replicas,
+        ));
+    }
+    list
+}
+
+pub fn run(args: &Args) {
+    println!(
+        "devices {:?}, {} rounds, {EPOCHS} epochs of {} steps a run (the first epoch not timed), sizes {:?}",
+        args.devices.iter().collect::<Vec<_>>(),
+        args.rounds,
+        args.steps,
+        args.sizes()
+    );
+    println!(
+        "| model | rows a step | configuration | samples/s: median (range) | vs bare: median (range) | runs that failed |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for model in &args.models {
+        for &replicas in &args.replicas {
+            let configs = configs(replicas);
+            let mut results: Vec<Vec<Option<f64>>> = vec![Vec::new(); configs.len()];
+            for round in 0..args.rounds {
+                for k in 0..configs.len() {
+                    let i = (k + round) % configs.len();
+                    let (name, config, count) = &configs[i];
+                    let result = spawn(args, model, config, *count, replicas);
+                    if result.is_none() {
+                        eprintln!("{model} {name}, round {round}: failed (its output above)");
+                    }
+                    results[i].push(result);
+                }
+            }
+            report(model, args.rows(model, replicas), &configs, &results);
+        }
+    }
+}
+
+fn report(
+    model: &str,
+    rows: usize,
+    configs: &[(String, &str, usize)],
+    results: &[Vec<Option<f64>>],
+) {
+    let bare = &results[0];
+    for ((name, _, _), runs) in configs.iter().zip(results) {
+        let done: Vec<f64> = runs.iter().flatten().copied().collect();
+        let failed = runs.len() - done.len();
+        if done.is_empty() {
+            println!(
+                "| {model} | {rows} | {name} | failed | | {failed} of {} |",
+                runs.len()
+            );
+            continue;
+        }
+        let ratios: Vec<f64> = runs
+            .iter()
+            .zip(bare)
+            .filter_map(|(r, b)| Some(r.as_ref()? / b.as_ref()?))
+            .collect();
+        let (lo, hi) = spread(&done);
+        let vs = match ratios.is_empty() {
+            true => "—".to_string(),
+            false => {
+                let (rlo, rhi) = spread(&ratios);
+                format!("{:.3} ({rlo:.3}–{rhi:.3})", median(ratios.clone()))
+            }
+        };
+        println!(
+            "| {model} | {rows} | {name} | {:.0} ({lo:.0}–{hi:.0}) | {vs} | {failed} of {} |",
+            median(done.clone()),
+            runs.len()
+        );
+    }
+}
+
+fn spread(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(*v), h.max(*v)))
+}
+
+/// One configuration in a child process: its samples per second, `None` if it failed or
+/// ran past [`LIMIT`].
+fn spawn(args: &Args, model: &str, config: &str, count: usize, replicas: usize) -> Option<f64> {
+    let devices: Vec<String> = std::env::args()
+        .skip_while(|a| a != "--devices")
+        .nth(1)
+        .into_iter()
+        .collect();
+    let mut command = Command::new(std::env::current_exe().ok()?);
+    command
+        .args(["learner-child", "--models", model, "--config", config])
+        .args(["--count", &count.to_string()])
+        .args(["--steps", &args.steps.to_string()])
+        .args(["--batch", &args.rows(model, replicas).to_string()])
+        .stdout(Stdio::piped());
+    if let Some(list) = devices.first() {
+        command.args(["--devices", list]);
+    }
+    if let Some(sizes) = args.sizes {
+        command.args(["--sizes", &format!("{sizes:?}").to_lowercase()]);
+    }
+    let mut child = command.spawn().ok()?;
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match child.try_wait().ok()? {
+            Some(_) => break,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!("{model} {config} x{count}: killed after {LIMIT:?}");
+                return None;
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let output = child.wait_with_output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|line| line.strip_prefix("samples/s ")?.trim().parse().ok())
+        .filter(|_| output.status.success())
+}
+
+/// `learner-child`: one run, printing `samples/s N`.
+pub fn child(args: &Args) {
+    let model = &args.models[0];
+    let sizes = args.sizes();
+    let devices = args.replica_devices(args.count);
+    let main = devices[0].clone();
+    let rows = args.batch(model);
+    let net = Net::new(model, sizes, &main);
+    let features = Net::features(model, sizes);
+    let clock = Clock::default();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let samples_per_s = match args.config.as_str() {
+        "bare" => train(
+            net,
+            ExecutionStrategy::SingleDevice(main),
+            rows,
+            features,
+            args.steps,
+            dir.path(),
+            &clock,
+        ),
+        "dp" => {
+            let dp = DataParallel::new(net, devices).expect("the devices exist");
+            train(
+                dp,
+                ExecutionStrategy::SingleDevice(main),
+                rows,
+                features,
+                args.steps,
+                dir.path(),
+                &clock,
+            )
+        }
+        optim => {
+            let optim = match optim {
+                "main" => MultiDeviceOptim::OptimMainDevice,
+                _ => MultiDeviceOptim::OptimSharded,
+            };
+            // One batch per device a step: the same rows a step as the others.
+            let per_device = rows / args.count;
+            train(
+                net,
+                ExecutionStrategy::MultiDevice(devices, optim),
+                per_device,
+                features,
+                args.steps * args.count,
+                dir.path(),
+                &clock,
+            )
+        }
+    };
+    println!("samples/s {samples_per_s}");
+}
+
+/// Trains `model` for [`EPOCHS`] epochs of `batches` batches of `rows` rows; samples per
+/// second over the epochs after the first.
+fn train<M>(
+    model: M,
+    strategy: ExecutionStrategy,
+    rows: usize,
+    features: usize,
+    batches: usize,
+    dir: &std::path::Path,
+    clock: &Clock,
+) -> f64
+where
+    M: LearnerModel
+        + TrainStep<Input = Batch, Output = ClassificationOutput>
+        + InferenceStep<Input = Batch, Output = ClassificationOutput>,
+{
+    let device = strategy.main_device().clone();
+    let loader = |items: usize| {
+        DataLoaderBuilder::new(RandomBatcher { features })
+            .batch_size(rows)
+            .set_device(device.clone())
+            .build(InMemDataset::new((0..items).collect::<Vec<usize>>()))
+    };
+    SupervisedTraining::new(dir, loader(rows * batches), loader(rows))
+        .with_training_strategy(strategy.into())
+        .with_application_logger(None)
+        .renderer(Box::new(Quiet))
+        .with_progress_logger(clock.clone())
+        .metric_train_numeric(LossMetric::new())
+        .num_epochs(EPOCHS)
+        .launch(Learner::new(model, SgdConfig::new().init(), 0.01));
+    clock.samples_per_s()
+}
+
+#[derive(Clone)]
+struct RandomBatcher {
+    features: usize,
+}
+
+impl Batcher<usize, Batch> for RandomBatcher {
+    fn batch(&self, items: Vec<usize>, device: &Device) -> Batch {
+        Batch::random(items.len(), self.features, device)
+    }
+}
+
+/// Times the training items as the Learner reports them: `(epoch, when, items so far)`.
+#[derive(Clone, Default)]
+struct Clock {
+    marks: Arc<Mutex<Vec<(usize, Instant, usize)>>>,
+    epoch: Arc<Mutex<(usize, bool)>>,
+}
+
+impl Clock {
+    /// Items per second over every epoch after the first, from each epoch's first reported
+    /// item to its last.
+    fn samples_per_s(&self) -> f64 {
+        let marks = self.marks.lock().unwrap();
+        let (mut items, mut seconds) = (0usize, 0f64);
+        for epoch in 1..EPOCHS {
+            let of: Vec<_> = marks.iter().filter(|m| m.0 == epoch).collect();
+            if let (Some(first), Some(last)) = (of.first(), of.last()) {
+                items += last.2 - first.2;
+                seconds += (last.1 - first.1).as_secs_f64();
+            }
+        }
+        assert!(items > 0, "no timed epoch: more steps needed");
+        items as f64 / seconds
+    }
+}
+
+impl TrainingProgressLogger for Clock {
+    fn start(&mut self, _: usize, _: usize, _: Option<usize>, _: Option<&str>) {}
+    fn update_epoch(&mut self, _epoch: usize) {}
+    fn start_split(&mut self, split: &str, _total_items: usize) {
+        let mut epoch = self.epoch.lock().unwrap();
+        epoch.1 = split.eq_ignore_ascii_case("train");
+    }
+    fn update_split(&mut self, items_processed: usize) {
+        let epoch = self.epoch.lock().unwrap();
+        if epoch.1 {
+            self.marks
+                .lock()
+                .unwrap()
+                .push((epoch.0, Instant::now(), items_processed));
+        }
+    }
+    fn end_split(&mut self) {
+        let mut epoch = self.epoch.lock().unwrap();
+        if epoch.1 {
+            epoch.0 += 1;
+            epoch.1 = false;
+        }
+    }
+    fn end(&mut self) {}
+    fn log_event_training(&mut self, _event: String) {}
+}
+
+/// A renderer that shows nothing.
+struct Quiet;
+
+impl MetricsRendererTraining for Quiet {
+    fn update_train(&mut self, _state: MetricState) {}
+    fn update_valid(&mut self, _state: MetricState) {}
+}
+
+impl MetricsRendererEvaluation for Quiet {
+    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
+}
+
+impl TrainingProgressLogger for Quiet {
+    fn start(&mut self, _: usize, _: usize, _: Option<usize>, _: Option<&str>) {}
+    fn update_epoch(&mut self, _epoch: usize) {}
+    fn start_split(&mut self, _split: &str, _total_items: usize) {}
+    fn update_split(&mut self, _items_processed: usize) {}
+    fn end_split(&mut self) {}
+    fn end(&mut self) {}
+    fn log_event_training(&mut self, _event: String) {}
+}
+
+impl EvaluationProgressLogger for Quiet {
+    fn start_global_progress(&mut self, _total_tests: usize) {}
+    fn start_test(&mut self, _name: &str, _total_items: usize) {}
+    fn update_test_progress(&mut self, _items_processed: usize) {}
+    fn end_test(&mut self) {}
+    fn end_global_progress(&mut self) {}
+    fn log_event_evaluation(&mut self, _event: String) {}
+}
+
+impl MetricsRenderer for Quiet {
+    fn manual_close(&mut self) {}
+    fn register_metric(&mut self, _definition: MetricDefinition) {}
+}

@@ -1,0 +1,171 @@
+//! `loop`: the bare model and the wrapper's configurations in the README's training loop,
+//! interleaved round by round.
+
+use std::time::{Duration, Instant};
+
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::tensor::Device;
+use burn_dataparallel::{DataParallel, Mean};
+
+use crate::models::{Batch, Net};
+use crate::{Args, median, ms};
+
+/// One configuration: the bare model (`replicas == 0`) or the wrapper over `replicas`.
+struct Config {
+    name: String,
+    replicas: usize,
+    model: Option<Trained>,
+    batch: Batch,
+    rounds: Vec<Duration>,
+}
+
+#[allow(clippy::large_enum_variant)] // one value a configuration
+pub enum Trained {
+    Bare(Net),
+    Wrapped(DataParallel<Net>),
+}
+
+impl Trained {
+    /// One SGD step on `batch`, waited for on every device.
+    pub fn step(self, batch: &Batch, optim: &mut ModuleOptimizer, devices: &[Device]) -> Self {
+        let stepped = match self {
+            Trained::Bare(net) => {
+                let loss = net.classify(batch.clone()).loss;
+                let grads = GradientsParams::from_grads(loss.backward(), &net);
+                Trained::Bare(optim.step(0.01, net, grads))
+            }
+            Trained::Wrapped(dp) => {
+                let Mean(loss) =
+                    dp.forward_with(batch.clone(), |net, batch| Mean(net.classify(batch).loss));
+                let grads = GradientsParams::from_grads(loss.backward(), &dp);
+                Trained::Wrapped(optim.step(0.01, dp, grads))
+            }
+        };
+        for device in devices {
+            device.sync().expect("the device runs the step");
+        }
+        stepped
+    }
+}
+
+pub fn run(args: &Args) {
+    let output = args.replica_devices(1).remove(0);
+    println!(
+        "devices {:?}, {} rounds of {} steps after a warm-up round, sizes {:?}",
+        args.devices.iter().collect::<Vec<_>>(),
+        args.rounds,
+        args.steps,
+        args.sizes()
+    );
+    println!(
+        "| model | rows | configuration | median step (ms) | rounds' range (ms) | vs bare: median (range) | samples/s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for model in &args.models {
+        run_model(args, model, &output);
+    }
+}
+
+fn run_model(args: &Args, model: &str, output: &Device) {
+    let sizes = args.sizes();
+    let features = Net::features(model, sizes);
+    let all_devices = args.replica_devices(args.devices.len());
+    let mut configs: Vec<Config> = std::iter::once(0)
+        .chain(args.replicas.iter().copied())
+        .map(|replicas| {
+            let net = Net::new(model, sizes, output);
+            let trained = match replicas {
+                0 => Trained::Bare(net),
+                n => Trained::Wrapped(
+                    DataParallel::new(net, args.replica_devices(n)).expect("the devices exist"),
+                ),
+            };
+            Config {
+                name: match replicas {
+                    0 => "bare".into(),
+                    n => format!("DataParallel x{n}"),
+                },
+                replicas,
+                model: Some(trained),
+                batch: Batch::random(args.rows(model, replicas), features, output),
+                rounds: Vec::new(),
+            }
+        })
+        .collect();
+    let mut optims: Vec<ModuleOptimizer> =
+        configs.iter().map(|_| SgdConfig::new().init()).collect();
+    for round in 0..=args.rounds {
+        // Rotate the order so that no configuration always follows the same one.
+        let count = configs.len();
+        for k in 0..count {
+            let i = (k + round) % count;
+            let config = &mut configs[i];
+            let mut trained = config.model.take().expect("a model");
+            let mut times = Vec::with_capacity(args.steps);
+            for _ in 0..args.steps {
+                let start = Instant::now();
+                trained = trained.step(&config.batch, &mut optims[i], &all_devices);
+                times.push(start.elapsed());
+            }
+            config.model = Some(trained);
+            if round > 0 {
+                config.rounds.push(median(times));
+            }
+        }
+    }
+    let bare = configs[0].rounds.clone();
+    for config in &configs {
+        let ratios: Vec<f64> = config
+            .rounds
+            .iter()
+            .zip(&bare)
+            .map(|(t, b)| t.as_secs_f64() / b.as_secs_f64())
+            .collect();
+        let step = median(config.rounds.clone());
+        let (lo, hi) = range(&config.rounds);
+        let (rlo, rhi) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        let rows = config.batch.inputs.dims()[0];
+        println!(
+            "| {model} | {rows} | {} | {} | {}–{} | {:.3} ({rlo:.3}–{rhi:.3}) | {:.0} |",
+            config.name,
+            ms(step),
+            ms(lo),
+            ms(hi),
+            median(ratios.clone()),
+            rows as f64 / step.as_secs_f64(),
+        );
+    }
+    // One profiled step of each wrapper: where its time goes.
+    for (config, optim) in configs.iter_mut().zip(&mut optims) {
+        let Some(Trained::Wrapped(dp)) = config.model.take() else {
+            continue;
+        };
+        dp.set_profiling(true);
+        let dp = match Trained::Wrapped(dp).step(&config.batch, optim, &all_devices) {
+            Trained::Wrapped(dp) => dp,
+            Trained::Bare(_) => unreachable!("a wrapper steps into a wrapper"),
+        };
+        if let Some(p) = dp.profile() {
+            let forwards: Vec<String> = p.forward.iter().map(|d| ms(*d)).collect();
+            println!(
+                "profile {model} x{}: shards {:?}, scatter {} ms, replicate {} ms, forwards [{}] ms, running states {} ms, gather {} ms",
+                config.replicas,
+                p.shard_sizes,
+                ms(p.scatter),
+                ms(p.replicate),
+                forwards.join(", "),
+                ms(p.running_states),
+                ms(p.gather),
+            );
+        }
+    }
+}
+
+/// The smallest and the largest of `times`.
+fn range(times: &[Duration]) -> (Duration, Duration) {
+    let lo = times.iter().min().copied().unwrap_or_default();
+    let hi = times.iter().max().copied().unwrap_or_default();
+    (lo, hi)
+}
