@@ -25,8 +25,9 @@ use clap::Parser;
 /// Trains a small classifier on generated data with DataParallel.
 #[derive(Parser)]
 struct Args {
-    /// The devices, one per replica: `cpu`, `cuda:N`, `wgpu:N` (`cuda` and `wgpu` need the
-    /// features of the same names), comma-separated; kinds may be mixed.
+    /// The devices, one per replica: `cpu`, `cuda:N`, `wgpu:N`, `ws://HOST:PORT` (a Burn
+    /// remote server; `cuda`, `wgpu` and `remote` need the features of the same names),
+    /// comma-separated; kinds may be mixed.
     #[arg(long, default_value = "cpu,cpu")]
     devices: DeviceList,
     /// Rows per batch, split over the devices.

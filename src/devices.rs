@@ -16,8 +16,12 @@ use crate::error::DataParallelError;
 /// | `cuda:N` | CUDA GPU `N`, numbered as `nvidia-smi` does (`Device::cuda(N)`) | `cuda` |
 /// | `wgpu:N` or `vulkan:N` | wgpu's discrete GPU `N` | `wgpu` |
 /// | `wgpu:default`, `wgpu:cpu` | wgpu's default device, its CPU device (lavapipe) | `wgpu` |
+/// | `ws://HOST:PORT` | device 0 of the Burn remote server at that address (WebSocket) | `remote` |
+/// | `ws://HOST:PORT/N` | device `N` of that server | `remote` |
 ///
-/// Kinds may be mixed (`cuda:0,cpu`); an entry listed twice runs two replicas on it.
+/// Kinds may be mixed (`cuda:0,cpu`); an entry listed twice runs two replicas on it. A remote
+/// entry connects to its server while the list is parsed (Burn opens a remote device's
+/// session when it is made), so a server that cannot be reached is an error here.
 /// [`autodiff`](Self::autodiff) turns gradients on for every device.
 ///
 /// # Example
@@ -43,7 +47,7 @@ pub enum ParseDeviceError {
     Empty,
     /// An entry names no kind of device this crate knows.
     #[error(
-        "unknown device `{entry}`: write `cpu`, `flex`, `ndarray`, `cuda:N`, `wgpu:N`, `vulkan:N`, `wgpu:default` or `wgpu:cpu`"
+        "unknown device `{entry}`: write `cpu`, `flex`, `ndarray`, `cuda:N`, `wgpu:N`, `vulkan:N`, `wgpu:default`, `wgpu:cpu` or `ws://HOST:PORT`"
     )]
     UnknownKind {
         /// The entry as written.
@@ -56,6 +60,14 @@ pub enum ParseDeviceError {
         entry: String,
         /// The kind of device it names.
         kind: String,
+    },
+    /// A remote server could not be reached, or refused the session.
+    #[error("`{entry}`: cannot connect to the remote server: {reason}")]
+    Unreachable {
+        /// The entry as written.
+        entry: String,
+        /// What the connection attempt reported.
+        reason: String,
     },
     /// The entry's backend is not compiled in.
     #[error("`{entry}` needs this crate's `{feature}` feature (and Burn's backend with it)")]
@@ -109,6 +121,9 @@ impl FromStr for DeviceList {
 
 /// One entry of a device list.
 fn parse_entry(entry: &str) -> Result<Device, ParseDeviceError> {
+    if entry.len() > 5 && entry[..5].eq_ignore_ascii_case("ws://") {
+        return remote(entry);
+    }
     let (kind, index) = match entry.split_once(':') {
         Some((kind, index)) => (kind.trim().to_ascii_lowercase(), Some(index.trim())),
         None => (entry.to_ascii_lowercase(), None),
@@ -201,6 +216,41 @@ fn cuda(index: usize) -> Option<Device> {
     None
 }
 
+/// Device `N` of the WebSocket server of `ws://HOST:PORT/N` (device 0 without `/N`).
+#[cfg(feature = "remote")]
+fn remote(entry: &str) -> Result<Device, ParseDeviceError> {
+    use burn::tensor::remote::RemoteHost;
+    let address = &entry[5..];
+    let (address, index) = match address.split_once('/') {
+        Some((address, index)) => {
+            let index = index
+                .parse::<usize>()
+                .map_err(|_| ParseDeviceError::BadIndex {
+                    entry: entry.to_string(),
+                    kind: format!("ws://{address}/"),
+                })?;
+            (address, index)
+        }
+        None => (address, 0),
+    };
+    let host = RemoteHost::websocket(&format!("ws://{address}"));
+    Device::remote_options(&host)
+        .device_index(index)
+        .init()
+        .map_err(|error| ParseDeviceError::Unreachable {
+            entry: entry.to_string(),
+            reason: error.to_string(),
+        })
+}
+
+#[cfg(not(feature = "remote"))]
+fn remote(entry: &str) -> Result<Device, ParseDeviceError> {
+    Err(ParseDeviceError::NotEnabled {
+        entry: entry.to_string(),
+        feature: "remote",
+    })
+}
+
 /// A wgpu device: the default one (`None`), the CPU one (`Some(None)`) or a discrete GPU.
 #[allow(unused_variables)]
 fn wgpu(which: Option<Option<usize>>) -> Option<Device> {
@@ -243,6 +293,27 @@ mod tests {
         ));
         let message = parse("cdua:0").unwrap_err().to_string();
         assert!(message.contains("cuda:N"), "{message}");
+    }
+
+    #[cfg(not(feature = "remote"))]
+    #[test]
+    fn remote_entries_need_the_feature() {
+        assert!(matches!(
+            "cpu,ws://10.0.0.2:3000".parse::<DeviceList>(),
+            Err(ParseDeviceError::NotEnabled {
+                feature: "remote",
+                ..
+            })
+        ));
+    }
+
+    #[cfg(feature = "remote")]
+    #[test]
+    fn a_remote_device_index_is_a_number() {
+        assert!(matches!(
+            "ws://10.0.0.2:3000/one".parse::<DeviceList>(),
+            Err(ParseDeviceError::BadIndex { .. })
+        ));
     }
 
     #[cfg(feature = "flex")]

@@ -77,6 +77,25 @@ pub enum DataParallelError {
     #[error("every shard's loss weight is zero: the batch's mean loss would be 0 / 0")]
     ZeroLossWeights,
 
+    /// A device stopped answering during a step (a remote server that went away): moving
+    /// tensors to or from it failed. The wrapped module is intact on the output device, so
+    /// a wrapper over the devices that remain carries on:
+    /// `DataParallel::new(dp.into_inner(), remaining)`.
+    #[error(
+        "device {device} (replica {replica}) stopped answering during the step: {reason} \
+         ({message}); the module is intact: wrap it again over the devices that remain"
+    )]
+    DeviceFailed {
+        /// The first entry of the device list on that device.
+        replica: usize,
+        /// The device.
+        device: String,
+        /// What the device answered when asked to finish its work.
+        reason: String,
+        /// The failure seen during the step.
+        message: String,
+    },
+
     /// The output device is not one of the devices.
     #[error("output device {device} is not one of the devices {devices}")]
     OutputDeviceNotListed {

@@ -7,14 +7,14 @@
 //! gather(outputs, output_device, dim)         // gather.rs: differentiable concatenation
 //! ```
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::Instant;
 
 use burn::module::Module;
 
 use crate::balance;
 use crate::config::Settings;
-use crate::error::{BoxError, DataParallelError};
+use crate::error::{BoxError, DataParallelError, panic_message};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
 use crate::profile::{self, Recording};
@@ -39,20 +39,54 @@ where
     O: Gather + Send,
     F: Fn(&M, I) -> Result<O, BoxError> + Sync,
 {
-    match apply(module, settings, input, Replicas::Tied, forward)? {
-        Applied::Direct(output) => Ok(output),
-        Applied::Replicas(replicated) => {
-            let Replicated {
-                shards,
-                outputs,
-                mut recording,
-            } = *replicated;
-            let gathered = O::gather(outputs, &shards)?;
-            profile::stage(recording.as_mut(), |p| &mut p.gather);
-            settings.profiler.keep(recording);
-            Ok(gathered)
+    on_devices(settings, || {
+        match apply(module, settings, input, Replicas::Tied, forward)? {
+            Applied::Direct(output) => Ok(output),
+            Applied::Replicas(replicated) => {
+                let Replicated {
+                    shards,
+                    outputs,
+                    mut recording,
+                } = *replicated;
+                let gathered = O::gather(outputs, &shards)?;
+                profile::stage(recording.as_mut(), |p| &mut p.gather);
+                settings.profiler.keep(recording);
+                Ok(gathered)
+            }
         }
+    })
+}
+
+/// Runs `step`, a step's work on the calling thread, which moves tensors to and from the
+/// replicas' devices. A panic there with a device that no longer answers (a remote server
+/// gone) becomes [`DataParallelError::DeviceFailed`] for the first such device; a panic with
+/// every device answering goes on unwinding as it was.
+///
+/// # Errors
+///
+/// Those of `step`, and [`DataParallelError::DeviceFailed`].
+pub(crate) fn on_devices<T>(
+    settings: &Settings,
+    step: impl FnOnce() -> Result<T, DataParallelError>,
+) -> Result<T, DataParallelError> {
+    let payload = match catch_unwind(AssertUnwindSafe(step)) {
+        Ok(result) => return result,
+        Err(payload) => payload,
+    };
+    for (replica, device) in settings.devices.iter().enumerate() {
+        let reason = match catch_unwind(AssertUnwindSafe(|| device.sync())) {
+            Ok(Ok(())) => continue,
+            Ok(Err(error)) => error.to_string(),
+            Err(answer) => panic_message(answer.as_ref()),
+        };
+        return Err(DataParallelError::DeviceFailed {
+            replica,
+            device: format!("{device:?}"),
+            reason: reason.replace('\n', " "),
+            message: panic_message(payload.as_ref()).replace('\n', " "),
+        });
     }
+    resume_unwind(payload)
 }
 
 /// What [`apply`] gives back.

@@ -101,6 +101,19 @@ where
     M::Input: Scatter,
     M::Output: Gather + Send,
 {
+    step::on_devices(&dp.settings, || combined_step(dp, item))
+}
+
+/// [`train_step`]'s work: the replicas' steps, their gradients summed, their items gathered.
+fn combined_step<M>(
+    dp: &DataParallel<M>,
+    item: M::Input,
+) -> Result<TrainOutput<M::Output>, DataParallelError>
+where
+    M: TrainStep + Module,
+    M::Input: Scatter,
+    M::Output: Gather + Send,
+{
     let replica_step = |replica: &M, shard| Ok(TrainStep::step(replica, shard));
     let Replicated {
         shards,
