@@ -21,14 +21,19 @@
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Distribution, Tensor};
 use burn_dataparallel::{DataParallel, DeviceList, Mean};
 use clap::Parser;
 
+// `benches/train_step`'s models: the MLP here, the rest there.
+#[allow(dead_code)]
+#[path = "../train_step/models.rs"]
+mod models;
 #[path = "../../tests/remote/servers.rs"]
 mod servers;
+
+use models::{Batch, Net, Sizes};
 use servers::Server;
 
 #[derive(Parser, Debug)]
@@ -39,7 +44,7 @@ struct Args {
     /// Link rates (`tc` forms; `none` for the bare veth).
     #[arg(long, value_delimiter = ',', default_value = "none,10gbit,1gbit")]
     rates: Vec<String>,
-    /// The MLP's widths.
+    /// The MLP's widths: inputs, two hidden layers, classes.
     #[arg(long, value_delimiter = ',', default_value = "256,1024,1024,10")]
     widths: Vec<usize>,
     /// Rows per batch.
@@ -56,42 +61,13 @@ struct Args {
     bench: bool,
 }
 
-#[derive(Module, Debug)]
-struct Mlp {
-    layers: Vec<Linear>,
-    relu: Relu,
-}
-
-impl Mlp {
-    fn new(widths: &[usize], device: &Device) -> Self {
-        let layers = widths
-            .windows(2)
-            .map(|w| LinearConfig::new(w[0], w[1]).init(device))
-            .collect();
-        Self {
-            layers,
-            relu: Relu::new(),
-        }
-    }
-
-    fn loss(&self, (mut x, y): (Tensor<2>, Tensor<2>)) -> Tensor<1> {
-        let last = self.layers.len() - 1;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(x);
-            if i < last {
-                x = self.relu.forward(x);
-            }
-        }
-        (x - y).powi_scalar(2).mean()
-    }
-}
-
 /// The model's parameter bytes (f32).
 fn parameter_bytes<M: Module>(module: &M) -> usize {
     struct Count(usize);
     impl ModuleVisitor for Count {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0 += param.val().shape().num_elements() * 4;
+            // Reading the values waits for whatever computes them.
+            self.0 += param.val().into_data().as_bytes().len();
         }
     }
     let mut count = Count(0);
@@ -101,29 +77,30 @@ fn parameter_bytes<M: Module>(module: &M) -> usize {
 
 #[allow(clippy::large_enum_variant)] // one value a configuration
 enum Trained {
-    Bare(Mlp),
-    Wrapped(DataParallel<Mlp>),
+    Bare(Net),
+    Wrapped(DataParallel<Net>),
 }
 
 impl Trained {
-    fn step(self, batch: &(Tensor<2>, Tensor<2>), optim: &mut ModuleOptimizer) -> Self {
+    fn step(self, batch: &Batch, optim: &mut ModuleOptimizer) -> Self {
         let stepped = match self {
             Trained::Bare(m) => {
-                let grads = GradientsParams::from_grads(m.loss(batch.clone()).backward(), &m);
+                let loss = m.classify(batch.clone()).loss;
+                let grads = GradientsParams::from_grads(loss.backward(), &m);
                 Trained::Bare(optim.step(0.01, m, grads))
             }
             Trained::Wrapped(dp) => {
-                let Mean(loss) = dp.forward_with(batch.clone(), |m, b| Mean(m.loss(b)));
+                let Mean(loss) = dp.forward_with(batch.clone(), |m, b| Mean(m.classify(b).loss));
                 let grads = GradientsParams::from_grads(loss.backward(), &dp);
                 Trained::Wrapped(optim.step(0.01, dp, grads))
             }
         };
-        // Reading a parameter waits for the step, wherever it ran.
+        // Reading the parameters waits for the step, wherever it ran.
         let module = match &stepped {
             Trained::Bare(m) => m,
             Trained::Wrapped(dp) => dp.module(),
         };
-        let _ = module.layers[0].bias.as_ref().map(|b| b.val().into_data());
+        parameter_bytes(module);
         stepped
     }
 }
@@ -166,15 +143,22 @@ fn main() {
         return;
     }
     let local = Device::flex().autodiff();
-    let model = Mlp::new(&args.widths, &local);
+    let [inputs, first, second, classes] = args.widths[..] else {
+        panic!("--widths is four numbers: inputs, two hidden layers, classes");
+    };
+    let sizes = Sizes {
+        mlp: [inputs, first, second, classes],
+        image: 32,
+        resnet_width: 8,
+    };
+    let model = Net::new("mlp", sizes, &local);
     let bytes = parameter_bytes(&model);
     println!(
-        "MLP {:?}: {:.2} MB of parameters; batch {} rows ({:.2} MB in, {:.2} MB targets); {} rounds",
+        "MLP {:?}: {:.2} MB of parameters; batch {} rows ({:.2} MB in); {} rounds",
         args.widths,
         bytes as f64 / 1e6,
         args.rows,
-        (args.rows * args.widths[0] * 4) as f64 / 1e6,
-        (args.rows * args.widths[args.widths.len() - 1] * 4) as f64 / 1e6,
+        (args.rows * inputs * 4) as f64 / 1e6,
         args.rounds,
     );
     println!(
@@ -192,14 +176,7 @@ fn main() {
             let remote: DeviceList = list.join(",").parse().expect("the servers answer");
             let remote = remote.autodiff().into_vec();
             let (round_trip, moved) = probe(&local, &remote[1]);
-            let batch = (
-                Tensor::<2>::random([args.rows, args.widths[0]], Distribution::Default, &local),
-                Tensor::<2>::random(
-                    [args.rows, args.widths[args.widths.len() - 1]],
-                    Distribution::Default,
-                    &local,
-                ),
-            );
+            let batch = Batch::random(args.rows, inputs, &local);
             let mut configs = [
                 Trained::Bare(model.clone()),
                 Trained::Wrapped(

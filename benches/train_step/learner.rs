@@ -10,18 +10,15 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::optim::SgdConfig;
 use burn::tensor::Device;
-use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
+use burn::train::ClassificationOutput;
+use burn::train::logger::TrainingProgressLogger;
 use burn::train::metric::LossMetric;
-use burn::train::renderer::{
-    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining,
-};
-use burn::train::{ClassificationOutput, metric::MetricDefinition};
 use burn::train::{ExecutionStrategy, Learner, LearnerModel, MultiDeviceOptim, SupervisedTraining};
 use burn::train::{InferenceStep, TrainStep};
 use burn_dataparallel::DataParallel;
 
 use crate::models::{Batch, Net};
+use crate::silent::Silent;
 use crate::{Args, median};
 
 /// Epochs per run; the first is the warm-up.
@@ -250,7 +247,7 @@ where
     SupervisedTraining::new(dir, loader(rows * batches), loader(rows))
         .with_training_strategy(strategy.into())
         .with_application_logger(None)
-        .renderer(Box::new(Quiet))
+        .renderer(Box::new(Silent))
         .with_progress_logger(clock.clone())
         .metric_train_numeric(LossMetric::new())
         .num_epochs(EPOCHS)
@@ -319,40 +316,4 @@ impl TrainingProgressLogger for Clock {
     }
     fn end(&mut self) {}
     fn log_event_training(&mut self, _event: String) {}
-}
-
-/// A renderer that shows nothing.
-struct Quiet;
-
-impl MetricsRendererTraining for Quiet {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-}
-
-impl MetricsRendererEvaluation for Quiet {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-}
-
-impl TrainingProgressLogger for Quiet {
-    fn start(&mut self, _: usize, _: usize, _: Option<usize>, _: Option<&str>) {}
-    fn update_epoch(&mut self, _epoch: usize) {}
-    fn start_split(&mut self, _split: &str, _total_items: usize) {}
-    fn update_split(&mut self, _items_processed: usize) {}
-    fn end_split(&mut self) {}
-    fn end(&mut self) {}
-    fn log_event_training(&mut self, _event: String) {}
-}
-
-impl EvaluationProgressLogger for Quiet {
-    fn start_global_progress(&mut self, _total_tests: usize) {}
-    fn start_test(&mut self, _name: &str, _total_items: usize) {}
-    fn update_test_progress(&mut self, _items_processed: usize) {}
-    fn end_test(&mut self) {}
-    fn end_global_progress(&mut self) {}
-    fn log_event_evaluation(&mut self, _event: String) {}
-}
-
-impl MetricsRenderer for Quiet {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: MetricDefinition) {}
 }

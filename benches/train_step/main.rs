@@ -39,6 +39,8 @@ mod cold;
 mod learner;
 mod models;
 mod own_loop;
+#[path = "../../tests/common/silent.rs"]
+mod silent;
 
 use models::{CPU_SIZES, GPU_SIZES, Sizes};
 

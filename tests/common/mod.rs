@@ -9,12 +9,10 @@ use std::time::Duration;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Gradients;
 use burn::tensor::{DType, Device, DeviceError, FloatDType, Tensor};
-use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
-use burn::train::metric::MetricDefinition;
-use burn::train::renderer::{
-    EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation,
-    MetricsRendererTraining,
-};
+
+mod silent;
+#[allow(unused_imports)] // not every test binary runs a Learner
+pub use silent::Silent;
 
 /// Instantiates `$body(devices)` once per device list: several replicas on Flex, and two
 /// distinct devices of different backends (Flex and NdArray), which moves every parameter,
@@ -236,40 +234,4 @@ pub fn assert_same_grads<M: Module>(
             ),
         }
     }
-}
-
-/// A renderer that shows nothing.
-pub struct Silent;
-
-impl MetricsRendererTraining for Silent {
-    fn update_train(&mut self, _state: MetricState) {}
-    fn update_valid(&mut self, _state: MetricState) {}
-}
-
-impl MetricsRendererEvaluation for Silent {
-    fn update_test(&mut self, _name: EvaluationName, _state: MetricState) {}
-}
-
-impl TrainingProgressLogger for Silent {
-    fn start(&mut self, _: usize, _: usize, _: Option<usize>, _: Option<&str>) {}
-    fn update_epoch(&mut self, _epoch: usize) {}
-    fn start_split(&mut self, _split: &str, _total_items: usize) {}
-    fn update_split(&mut self, _items_processed: usize) {}
-    fn end_split(&mut self) {}
-    fn end(&mut self) {}
-    fn log_event_training(&mut self, _event: String) {}
-}
-
-impl EvaluationProgressLogger for Silent {
-    fn start_global_progress(&mut self, _total_tests: usize) {}
-    fn start_test(&mut self, _name: &str, _total_items: usize) {}
-    fn update_test_progress(&mut self, _items_processed: usize) {}
-    fn end_test(&mut self) {}
-    fn end_global_progress(&mut self) {}
-    fn log_event_evaluation(&mut self, _event: String) {}
-}
-
-impl MetricsRenderer for Silent {
-    fn manual_close(&mut self) {}
-    fn register_metric(&mut self, _definition: MetricDefinition) {}
 }
