@@ -87,6 +87,10 @@ macro_rules! impl_scatter {
                     .collect()
             }
 
+            fn carries_gradients(&self) -> bool {
+                false $(|| $crate::Scatter::carries_gradients(&self.$field))+
+            }
+
             $(
                 fn loss_weight(&self) -> ::core::option::Option<f64> {
                     let weight: fn(&Self) -> f64 = $weight;

@@ -10,7 +10,10 @@
 //! at the same time (each parameter starts a graph of its own, and a thread can record into
 //! a graph that another thread is merging away; `upstream/autodiff_graph_race.rs` reproduces
 //! it without this crate). On GPUs the launches are asynchronous, so the devices' work still
-//! overlaps; what is serialised is the host's recording of the operations.
+//! overlaps; what is serialised is the host's recording of the operations. Replicas whose
+//! graphs cannot meet run at once: on burn-train's path every replica has parameters of its
+//! own (forked), and where its input carries no gradients
+//! ([`Scatter::carries_gradients`](crate::Scatter::carries_gradients)) its graph is its own.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -74,14 +77,16 @@ impl Workers {
         Ok(Self { lanes })
     }
 
-    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`, one
-    /// after the other (module docs), and returns the results in job order.
+    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`,
+    /// and returns the results in job order: all at once where `at_once`, else one after
+    /// the other (module docs).
     ///
     /// Every job has run to completion (or to its panic) when this returns.
     pub(crate) fn apply<M, I, O, F>(
         &self,
         jobs: Vec<(usize, M, I)>,
         f: &F,
+        at_once: bool,
     ) -> Vec<Result<O, Failure>>
     where
         M: Send,
@@ -90,35 +95,35 @@ impl Workers {
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
         let results: Results<O> = Arc::new(Mutex::new((0..jobs.len()).map(|_| None).collect()));
+        let outstanding: Outstanding = Arc::new((Mutex::new(0), Condvar::new()));
+        // Waits for every job, also if this thread unwinds while queueing them.
+        let every_job = Wait(outstanding.clone());
         for (index, (entry, replica, input)) in jobs.into_iter().enumerate() {
-            let outstanding: Outstanding = Arc::new((Mutex::new(1), Condvar::new()));
-            {
-                // Waits for the job, also if this thread unwinds while queueing it: one
-                // replica's forward at a time (module docs).
-                let _wait = Wait(outstanding.clone());
-                let results = results.clone();
-                let done = CountDown(outstanding.clone());
-                let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
-                    // Dropped last: everything the job borrows is released before it counts.
-                    let _done = done;
-                    let result = run(&replica, input, f);
-                    drop(replica);
-                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
-                });
-                // SAFETY: the job borrows `f` and values of this call only, and this call does
-                // not return before every job's `CountDown` has been dropped (`Wait` above,
-                // also on unwinding), which happens after the job has run, or when it is
-                // dropped unrun.
-                let job: Job = unsafe { std::mem::transmute(job) };
-                let lane = self.lanes[entry].lock().unwrap_or_else(|e| e.into_inner());
-                if let Err(returned) = lane.send(job) {
-                    // The lane's thread is gone (it never exits while the lane exists): run
-                    // the job here rather than lose it.
-                    drop(lane);
-                    (returned.0)();
-                }
+            *outstanding.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            // One after the other: waits for this job before the next is queued.
+            let _this_job = (!at_once).then(|| Wait(outstanding.clone()));
+            let results = results.clone();
+            let done = CountDown(outstanding.clone());
+            let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+                // Dropped last: everything the job borrows is released before it counts.
+                let _done = done;
+                let result = run(&replica, input, f);
+                drop(replica);
+                results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+            });
+            // SAFETY: the job borrows `f` and values of this call only, and this call does not
+            // return before every job's `CountDown` has been dropped (`every_job` above, also
+            // on unwinding), which happens after the job has run, or when it is dropped unrun.
+            let job: Job = unsafe { std::mem::transmute(job) };
+            let lane = self.lanes[entry].lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(returned) = lane.send(job) {
+                // The lane's thread is gone (it never exits while the lane exists): run the
+                // job here rather than lose it.
+                drop(lane);
+                (returned.0)();
             }
         }
+        drop(every_job);
         let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
         results
             .iter_mut()

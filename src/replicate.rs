@@ -16,7 +16,8 @@ use burn::tensor::{Device, Tensor};
 pub(crate) enum Replicas {
     /// Moved with `to_device`: the caller's backward reaches the module's parameters.
     Tied,
-    /// Forked: parameters of their own (same ids), for a backward inside the replica.
+    /// Forked, on every device: parameters of their own (same ids), for a backward inside
+    /// the replica.
     #[cfg_attr(not(feature = "train"), allow(dead_code))]
     Own,
 }
@@ -49,9 +50,9 @@ pub(crate) fn replicas<M: Module>(module: &M, devices: &[Device], how: Replicas)
         .iter()
         .map(|device| match (home.as_slice(), how) {
             ([], _) => module.clone(),
+            (_, Replicas::Own) => module.clone().fork(device),
             ([only], _) if only == device => module.clone(),
             (_, Replicas::Tied) => module.clone().to_device(device),
-            (_, Replicas::Own) => module.clone().fork(device),
         })
         .collect()
 }

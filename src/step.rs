@@ -135,6 +135,9 @@ where
         // on the calling thread, as the bare model.
         _ => return direct_forward(module, settings, input, &f).map(Applied::Direct),
     };
+    // Replicas with parameters of their own and inputs outside any graph record into graphs
+    // of their own, which Burn's graph race cannot reach (`parallel_apply.rs`).
+    let at_once = how == Replicas::Own && !input.carries_gradients();
     let mut involved = shards.devices().to_vec();
     involved.push(settings.output_device.clone());
     let mut recording = settings.profiler.start(shards.sizes(), &involved);
@@ -168,7 +171,7 @@ where
         }
         Ok((result, elapsed))
     };
-    let results = workers.apply(jobs, &timed);
+    let results = workers.apply(jobs, &timed, at_once);
     if let Some(recording) = recording.as_mut() {
         recording.end_replicas();
     }

@@ -1,6 +1,7 @@
 //! Splitting a batch into one shard per replica: [`Scatter`] and its impls for tensors and
 //! the containers that hold them.
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
@@ -56,6 +57,15 @@ pub trait Scatter: Sized {
     fn loss_weight(&self) -> Option<f64> {
         None
     }
+
+    /// Whether a tensor of the value takes part in an autodiff graph (a parameter, or the
+    /// output of operations on one). On burn-train's path, where every replica runs its own
+    /// backward, replicas whose inputs carry no gradients run at once; otherwise one after
+    /// the other (Burn 0.22.1 loses a recorded step when threads record into one graph).
+    /// The default, for values the crate cannot look into, is `true`.
+    fn carries_gradients(&self) -> bool {
+        true
+    }
 }
 
 /// The batch size of two parts of one input, for [`Scatter::batch_size`] impls.
@@ -82,7 +92,14 @@ pub fn merge_batch_size(
     }
 }
 
-impl<const D: usize, K: Basic> Scatter for Tensor<D, K> {
+/// Whether `tensor` is a float tensor in an autodiff graph (other kinds never are).
+pub(crate) fn tracked<const D: usize, K: Basic + 'static>(tensor: &Tensor<D, K>) -> bool {
+    (tensor as &dyn Any)
+        .downcast_ref::<Tensor<D>>()
+        .is_some_and(Tensor::is_tracked)
+}
+
+impl<const D: usize, K: Basic + 'static> Scatter for Tensor<D, K> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         if dim >= D {
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });
@@ -96,6 +113,10 @@ impl<const D: usize, K: Basic> Scatter for Tensor<D, K> {
             .zip(shards.devices())
             .map(|(piece, device)| move_to(piece, device))
             .collect()
+    }
+
+    fn carries_gradients(&self) -> bool {
+        tracked(self)
     }
 }
 
@@ -117,6 +138,10 @@ impl<T: Scatter> Scatter for Option<T> {
     fn loss_weight(&self) -> Option<f64> {
         self.as_ref().and_then(Scatter::loss_weight)
     }
+
+    fn carries_gradients(&self) -> bool {
+        self.as_ref().is_some_and(Scatter::carries_gradients)
+    }
 }
 
 /// The batch size of several parts of one input.
@@ -132,6 +157,10 @@ fn merge_all<'a, T: Scatter + 'a>(
 impl<T: Scatter> Scatter for Vec<T> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         merge_all(self, dim)
+    }
+
+    fn carries_gradients(&self) -> bool {
+        self.iter().any(Scatter::carries_gradients)
     }
 
     fn scatter(self, shards: &Shards) -> Vec<Self> {
@@ -150,6 +179,10 @@ impl<T: Scatter> Scatter for Vec<T> {
 impl<T: Scatter, const N: usize> Scatter for [T; N] {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         merge_all(self, dim)
+    }
+
+    fn carries_gradients(&self) -> bool {
+        self.iter().any(Scatter::carries_gradients)
     }
 
     fn scatter(self, shards: &Shards) -> Vec<Self> {
@@ -184,6 +217,10 @@ macro_rules! scatter_tuple {
             fn loss_weight(&self) -> Option<f64> {
                 None$(.or_else(|| self.$index.loss_weight()))+
             }
+
+            fn carries_gradients(&self) -> bool {
+                false $(|| self.$index.carries_gradients())+
+            }
         }
     };
 }
@@ -200,6 +237,10 @@ scatter_tuple!(T0: 0, T1: 1, T2: 2, T3: 3, T4: 4, T5: 5, T6: 6, T7: 7);
 impl<K: Ord + Clone, V: Scatter> Scatter for BTreeMap<K, V> {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         merge_all(self.values(), dim)
+    }
+
+    fn carries_gradients(&self) -> bool {
+        self.values().any(Scatter::carries_gradients)
     }
 
     fn scatter(self, shards: &Shards) -> Vec<Self> {
@@ -221,6 +262,10 @@ where
 {
     fn batch_size(&self, dim: usize) -> Result<Option<usize>, DataParallelError> {
         merge_all(self.values(), dim)
+    }
+
+    fn carries_gradients(&self) -> bool {
+        self.values().any(Scatter::carries_gradients)
     }
 
     fn scatter(self, shards: &Shards) -> Vec<Self> {
@@ -264,4 +309,28 @@ pub(crate) fn stated_shares<I: Scatter>(
         return Err(DataParallelError::ZeroLossWeights);
     }
     Ok(Some(weights.iter().map(|w| w / total).collect()))
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use burn::tensor::{Device, Int, Tensor};
+
+    use super::{Broadcast, Scatter, Shared};
+
+    #[test]
+    fn tensors_in_a_graph_carry_gradients() {
+        let device = Device::flex().autodiff();
+        let plain = Tensor::<2>::ones([2, 2], &device);
+        let leaf = Tensor::<2>::ones([2, 2], &device).require_grad();
+        let derived = leaf.clone() * 2.0;
+        assert!(!plain.carries_gradients());
+        assert!(leaf.carries_gradients());
+        assert!(derived.carries_gradients());
+        assert!(!Tensor::<1, Int>::zeros([2], &device).carries_gradients());
+        assert!((plain.clone(), Broadcast(derived)).carries_gradients());
+        assert!(!(plain.clone(), 3usize, Some(plain.clone())).carries_gradients());
+        assert!(!vec![plain].carries_gradients());
+        // What the crate cannot look into counts as carrying them.
+        assert!(Shared(1).carries_gradients());
+    }
 }

@@ -27,7 +27,7 @@ use crate::transfer::move_to;
 #[derive(Debug, Clone)]
 pub struct Broadcast<T>(pub T);
 
-impl<const D: usize, K: Basic> Scatter for Broadcast<Tensor<D, K>> {
+impl<const D: usize, K: Basic + 'static> Scatter for Broadcast<Tensor<D, K>> {
     fn batch_size(&self, _dim: usize) -> Result<Option<usize>, DataParallelError> {
         Ok(None)
     }
@@ -39,6 +39,10 @@ impl<const D: usize, K: Basic> Scatter for Broadcast<Tensor<D, K>> {
             .iter()
             .map(|device| Broadcast(move_to(tensor.clone(), device)))
             .collect()
+    }
+
+    fn carries_gradients(&self) -> bool {
+        super::tracked(&self.0)
     }
 }
 
@@ -69,6 +73,10 @@ macro_rules! scatter_shared {
 
                 fn scatter(self, shards: &Shards) -> Vec<Self> {
                     vec![self; shards.len()]
+                }
+
+                fn carries_gradients(&self) -> bool {
+                    false
                 }
             }
         )+
