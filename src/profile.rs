@@ -62,7 +62,9 @@ impl StepProfile {
         self.forward.iter().copied().max().unwrap_or_default()
     }
 
-    /// Every stage together, the replicas' work one after the other (as they are recorded).
+    /// Every stage's time added up, each replica's included: the step's time where the
+    /// replicas run one after the other (a forward), more than it where they run at once
+    /// (burn-train's path).
     pub fn total(&self) -> Duration {
         let forward: Duration = self.forward.iter().sum();
         self.scatter + self.replicate + forward + self.running_states + self.gather + self.combine
