@@ -62,8 +62,10 @@ impl Server {
         let pid = std::process::id() % 100_000;
         let namespace = format!("dp{pid}s{n}");
         let (link, peer) = (format!("dp{pid}h{n}"), format!("dp{pid}n{n}"));
-        // 10.X.Y.0/24 per server: X from the process, Y from the server.
-        let subnet = format!("10.{}.{}", 100 + pid % 150, n % 250);
+        // A /24 per server in 198.18.0.0/15, the block set aside for network tests
+        // (RFC 2544), from the process and the server.
+        let block = (pid as usize * 7 + n) % 512;
+        let subnet = format!("198.{}.{}", 18 + block / 256, block % 256);
         ip(&["netns", "add", &namespace]);
         let mut server = Server {
             namespace: namespace.clone(),
