@@ -8,7 +8,7 @@
 //! module forked there: parameters of its own, under the same ids, whose gradients the
 //! wrapper then sums (`train/combine.rs`).
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
 
 /// How replicas on other devices than the module's are tied to it.
@@ -16,6 +16,9 @@ use burn::tensor::{Device, Tensor};
 pub(crate) enum Replicas {
     /// Moved with `to_device`: the caller's backward reaches the module's parameters.
     Tied,
+    /// Tied, for a forward that may read tensors of other graphs (a closure's captures):
+    /// its replicas record in turn.
+    TiedInTurn,
     /// Forked, on every device: parameters of their own (same ids), for a backward inside
     /// the replica.
     #[cfg_attr(not(feature = "train"), allow(dead_code))]
@@ -52,9 +55,39 @@ pub(crate) fn replicas<M: Module>(module: &M, devices: &[Device], how: Replicas)
             ([], _) => module.clone(),
             (_, Replicas::Own) => module.clone().fork(device),
             ([only], _) if only == device => module.clone(),
-            (_, Replicas::Tied) => module.clone().to_device(device),
+            (_, Replicas::Tied | Replicas::TiedInTurn) => module.clone().to_device(device),
         })
         .collect()
+}
+
+/// Records one operation that reads every tracked parameter of `module`, so that their
+/// autodiff graphs are one graph before replicas record into it from several threads at
+/// once: Burn 0.22.1 loses a step when a thread records into a graph that another thread is
+/// merging away (`parallel_apply.rs`), and with every parameter in one graph, and inputs in
+/// none, a replica's operations merge nothing. The operation's result is dropped; the
+/// backward never reaches it.
+pub(crate) fn merge_graphs<M: Module>(module: &M) {
+    struct Firsts(Option<Tensor<1>>);
+
+    impl ModuleVisitor for Firsts {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            if !value.is_tracked() || value.shape().num_elements() == 0 {
+                return;
+            }
+            let first = value.flatten::<1>(0, D - 1).slice(0..1);
+            self.0 = Some(match self.0.take() {
+                Some(sum) => {
+                    let first = crate::transfer::move_to(first, &sum.device());
+                    sum + first
+                }
+                None => first,
+            });
+        }
+    }
+
+    let mut firsts = Firsts(None);
+    module.visit(&mut firsts);
 }
 
 /// Folds the replicas' updates of `module`'s running states (batch-norm statistics) and

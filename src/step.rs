@@ -18,11 +18,13 @@ use crate::error::{BoxError, DataParallelError, panic_message};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
 use crate::profile::{self, Recording};
-use crate::replicate::{Replicas, bring_home, replicas};
+use crate::replicate::{Replicas, bring_home, merge_graphs, replicas};
 use crate::scatter::{Scatter, stated_shares};
 use crate::shards::{Shards, adaptive_sizes, shard_sizes};
 
-/// Runs `forward` on every shard of `input` and gathers the outputs.
+/// Runs `forward` on every shard of `input` and gathers the outputs. `captures`: `forward`
+/// may read tensors besides its module and input (a closure's captures), whose graphs the
+/// replicas must then record into in turn.
 ///
 /// # Errors
 ///
@@ -32,6 +34,7 @@ pub(crate) fn forward<M, I, O, F>(
     settings: &Settings,
     input: I,
     forward: F,
+    captures: bool,
 ) -> Result<O, DataParallelError>
 where
     M: Module,
@@ -40,7 +43,11 @@ where
     F: Fn(&M, I) -> Result<O, BoxError> + Sync,
 {
     on_devices(settings, || {
-        match apply(module, settings, input, Replicas::Tied, forward)? {
+        let how = match captures {
+            true => Replicas::TiedInTurn,
+            false => Replicas::Tied,
+        };
+        match apply(module, settings, input, how, forward)? {
             Applied::Direct(output) => Ok(output),
             Applied::Replicas(replicated) => {
                 let Replicated {
@@ -135,9 +142,12 @@ where
         // on the calling thread, as the bare model.
         _ => return direct_forward(module, settings, input, &f).map(Applied::Direct),
     };
-    // Replicas with parameters of their own and inputs outside any graph record into graphs
-    // of their own, which Burn's graph race cannot reach (`parallel_apply.rs`).
-    let at_once = how == Replicas::Own && !input.carries_gradients();
+    // Replicas whose operations cannot merge graphs while they record run at once: Burn's
+    // graph race needs a merge (`parallel_apply.rs`).
+    let at_once = how != Replicas::TiedInTurn && !input.carries_gradients();
+    if at_once && how == Replicas::Tied {
+        merge_graphs(module);
+    }
     let mut involved = shards.devices().to_vec();
     involved.push(settings.output_device.clone());
     let mut recording = settings.profiler.start(shards.sizes(), &involved);

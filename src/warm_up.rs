@@ -83,9 +83,8 @@ impl<M: Module> DataParallel<M> {
         let mut devices = shards.devices().to_vec();
         devices.push(self.settings.output_device.clone());
         let start = Instant::now();
-        let Sum(total) = step::forward(&self.module, &self.settings, sample, |replica, shard| {
-            Ok(Sum(loss(replica, shard)))
-        })?;
+        let loss = |replica: &M, shard| Ok(Sum(loss(replica, shard)));
+        let Sum(total) = step::forward(&self.module, &self.settings, sample, loss, false)?;
         synchronize(&devices);
         let forward = start.elapsed();
         let start = Instant::now();

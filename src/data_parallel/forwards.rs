@@ -313,6 +313,6 @@ impl<M: Module> DataParallel<M> {
             }
         }
         let forward = |m: &M, input| forward(m, input).map_err(Into::into);
-        step::forward(&self.module, &self.settings, input, forward)
+        step::forward(&self.module, &self.settings, input, forward, captures)
     }
 }

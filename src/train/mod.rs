@@ -86,7 +86,7 @@ where
     /// With the [`DataParallelError`]'s message where a forward would return it.
     fn step(&self, item: M::Input) -> M::Output {
         let step = |replica: &M, shard| Ok(InferenceStep::step(replica, shard));
-        step::forward(&self.module, &self.settings, item, step)
+        step::forward(&self.module, &self.settings, item, step, false)
             .unwrap_or_else(|error| panic!("{error}"))
     }
 }
