@@ -5,15 +5,20 @@
 //! running statistics are), which fresh threads every step would leak and leave
 //! unsynchronised, so the replica of entry `i` always runs on the same OS thread.
 //!
-//! The replicas' forwards run one after the other, each on its lane: Burn 0.22.1's autodiff
-//! loses a step now and then when several threads record operations on tensors of one graph
-//! at the same time (each parameter starts a graph of its own, and a thread can record into
-//! a graph that another thread is merging away; `upstream/autodiff_graph_race.rs` reproduces
-//! it without this crate). On GPUs the launches are asynchronous, so the devices' work still
-//! overlaps; what is serialised is the host's recording of the operations. Replicas whose
-//! graphs cannot meet run at once: on burn-train's path every replica has parameters of its
-//! own (forked), and where its input carries no gradients
-//! ([`Scatter::carries_gradients`](crate::Scatter::carries_gradients)) its graph is its own.
+//! Burn 0.22.1's autodiff loses a step now and then when a thread records into a graph that
+//! another thread is merging away (each parameter starts a graph of its own, and an
+//! operation on tensors of two graphs merges them; `upstream/autodiff_graph_race.rs`
+//! reproduces it without this crate). So the replicas run at once only where their
+//! operations cannot merge graphs while they record, else one after the other:
+//! - a forward's replicas share the module's parameters: `step.rs` first merges every
+//!   parameter's graph into one (`replicate::merge_graphs`), and the input must carry no
+//!   gradients ([`Scatter::carries_gradients`](crate::Scatter::carries_gradients)) and the
+//!   forward capture nothing;
+//! - burn-train's replicas have parameters of their own (forked): their input must carry no
+//!   gradients.
+//!
+//! On GPUs the launches are asynchronous, so the devices' work overlaps either way; what
+//! runs in turn is the host's recording of the operations.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};

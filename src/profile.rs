@@ -63,8 +63,7 @@ impl StepProfile {
     }
 
     /// Every stage's time added up, each replica's included: the step's time where the
-    /// replicas run one after the other (a forward), more than it where they run at once
-    /// (burn-train's path).
+    /// replicas run one after the other, more than it where they run at once.
     pub fn total(&self) -> Duration {
         let forward: Duration = self.forward.iter().sum();
         self.scatter + self.replicate + forward + self.running_states + self.gather + self.combine
