@@ -15,8 +15,8 @@ use crate::transfer::move_to;
 /// Tensors are moved to [`Shards::output_device`] and concatenated along [`Shards::dim`];
 /// tuples, `Vec`, arrays, `Option` and maps (`BTreeMap`, `HashMap`: every replica must return
 /// the same keys) are walked; [`Mean`] and [`Sum`] combine per-replica reductions such as
-/// losses. A user struct gets an implementation from
-/// [`impl_gather!`](crate::impl_gather).
+/// losses. A user struct gets an implementation from `#[derive(Gather)]` (each named field
+/// gathered) or [`impl_gather!`](crate::impl_gather).
 ///
 /// # Example
 ///

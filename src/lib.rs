@@ -17,7 +17,7 @@
 //! ```
 //!
 //! - [`Scatter`] splits tensors along `dim` and walks tuples, `Vec`, arrays, `Option`, maps
-//!   and user structs ([`impl_scatter!`]); [`Broadcast`] gives a whole tensor to every
+//!   and user structs (`#[derive(Scatter)]`, or [`impl_scatter!`]); [`Broadcast`] gives a whole tensor to every
 //!   replica; other values ([`Shared`], numbers, strings) go to every replica unchanged.
 //! - [`replicate()`] shares the parameters with replicas on the module's device and moves
 //!   them to other devices with Burn's differentiable `to_device`.
@@ -141,6 +141,7 @@ mod transfer;
 mod warm_up;
 
 pub use balance::AdaptiveShardsConfig;
+pub use burn_dataparallel_derive::{Gather, Scatter};
 pub use config::{DataParallelConfig, LossReduction};
 pub use data_parallel::DataParallel;
 pub use devices::{DeviceList, ParseDeviceError};

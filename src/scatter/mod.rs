@@ -21,7 +21,9 @@ pub use whole::{Broadcast, Shared};
 /// Tensors are split along the batch dimension and moved to each shard's device; tuples,
 /// `Vec`, arrays, `Option` and maps are walked; [`Broadcast`] tensors and plain values
 /// (numbers, strings, [`Shared`]) go whole to every replica. For a struct of your own,
-/// [`impl_scatter!`](crate::impl_scatter) writes the impl from its fields.
+/// `#[derive(Scatter)]` writes the impl from its fields (generic structs too;
+/// `#[scatter(loss_weight = f)]` states [`loss_weight`](Scatter::loss_weight)), as does
+/// [`impl_scatter!`](crate::impl_scatter).
 ///
 /// # Example
 ///
@@ -36,6 +38,40 @@ pub use whole::{Broadcast, Shared};
 /// assert_eq!(parts[0].0.dims(), [3, 3]);
 /// assert_eq!(parts[1].0.dims(), [2, 3]);
 /// assert_eq!(parts[1].1, 0.5);
+/// ```
+///
+/// A batch struct:
+///
+/// ```
+/// use burn::tensor::{Device, Int, Tensor};
+/// use burn_dataparallel::{Scatter, Shards};
+///
+/// #[derive(Debug, Clone, Scatter)]
+/// struct ImageBatch {
+///     images: Tensor<4>,
+///     targets: Tensor<1, Int>,
+/// }
+///
+/// let device = Device::flex();
+/// let batch = ImageBatch {
+///     images: Tensor::zeros([6, 3, 8, 8], &device),
+///     targets: Tensor::zeros([6], &device),
+/// };
+/// let shards = Shards::new(6, &[device.clone(), device.clone()], None, 0, device);
+/// assert_eq!(batch.scatter(&shards)[1].images.dims(), [3, 3, 8, 8]);
+/// ```
+///
+/// The derive needs a struct with named fields; an enum is refused:
+///
+/// ```compile_fail
+/// use burn::tensor::Tensor;
+/// use burn_dataparallel::Scatter;
+///
+/// #[derive(Scatter)]
+/// enum Input {
+///     Features(Tensor<2>),
+///     Images(Tensor<4>),
+/// }
 /// ```
 pub trait Scatter: Sized {
     /// The size of the batch along `dim`, or `None` when the value holds no tensor to split.

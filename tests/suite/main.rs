@@ -5,6 +5,7 @@
 mod common;
 
 mod batch_norm;
+mod derive;
 mod equivalence;
 mod errors;
 mod learner;
