@@ -97,6 +97,13 @@
 //! - The wrapper's parameters are the wrapped module's, under the same names: checkpoints
 //!   saved through the wrapper load into the bare model and back, and optimizers see the same
 //!   parameter ids.
+//! - Devices may be of any kinds Burn names, mixed, including another machine's through
+//!   Burn's remote backend ([`DeviceList`]'s `ws://HOST:PORT`, feature `remote`). A device
+//!   that stops answering during a step is a [`DataParallelError::DeviceFailed`] naming it;
+//!   the module stays intact on the output device.
+//! - The replicas run at once where they cannot meet in one autodiff graph while recording
+//!   (an input that carries no gradients, no captures), else one after the other: Burn
+//!   0.22.1 loses a recorded step when threads record into a graph being merged.
 //!
 //! # Example
 //!
