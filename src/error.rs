@@ -79,11 +79,11 @@ pub enum DataParallelError {
 
     /// A device stopped answering during a step (a remote server that went away): moving
     /// tensors to or from it failed. The wrapped module is intact on the output device, so
-    /// a wrapper over the devices that remain carries on:
-    /// `DataParallel::new(dp.into_inner(), remaining)`.
+    /// the wrapper carries on without that device:
+    /// [`without_device`](crate::DataParallel::without_device).
     #[error(
         "device {device} (replica {replica}) stopped answering during the step: {reason} \
-         ({message}); the module is intact: wrap it again over the devices that remain"
+         ({message}); the module is intact: go on without it (`DataParallel::without_device`)"
     )]
     DeviceFailed {
         /// The first entry of the device list on that device.
@@ -94,6 +94,17 @@ pub enum DataParallelError {
         reason: String,
         /// The failure seen during the step.
         message: String,
+    },
+
+    /// [`without_device`](crate::DataParallel::without_device) was asked to remove the
+    /// output device, which holds the module and gathers the outputs.
+    #[error(
+        "device {device} is the output device, which holds the module: choose another output \
+         device first (`with_output_device`), or wrap the module again"
+    )]
+    OutputDeviceRemoved {
+        /// The device asked to be removed.
+        device: String,
     },
 
     /// The output device is not one of the devices.

@@ -139,6 +139,11 @@ impl Balancer {
 
     /// The current weights, one per slot, with the last step's measurements folded in: the
     /// next step's split (`shards::sizes::adaptive_sizes`).
+    /// The settings it was made with.
+    pub(crate) fn config(&self) -> &AdaptiveShardsConfig {
+        &self.config
+    }
+
     pub(crate) fn weights(&mut self) -> Vec<f64> {
         self.fold();
         self.weights.clone()

@@ -108,6 +108,62 @@ impl<M: Module> DataParallel<M> {
         Ok(self)
     }
 
+    /// This wrapper without its replicas on `device`: after a
+    /// [`DataParallelError::DeviceFailed`], training goes on with the devices that remain.
+    /// The settings stay (the split's dim, the output device, the loss reduction,
+    /// profiling); stated shard weights lose the removed entries' weights, and adaptive
+    /// shards start again from the weights that remain.
+    ///
+    /// # Errors
+    ///
+    /// [`DataParallelError::OutputDeviceRemoved`] when `device` is the output device (it
+    /// holds the module); [`DataParallelError::WorkerSpawn`] when the lanes cannot start.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use burn::nn::{Linear, LinearConfig};
+    /// use burn::tensor::Device;
+    /// use burn_dataparallel::DataParallel;
+    ///
+    /// let cpu = Device::flex().autodiff();
+    /// #[allow(deprecated)] // NdArray: a second CPU device, distinct from Flex
+    /// let other = Device::ndarray().autodiff();
+    /// let model: Linear = LinearConfig::new(4, 2).init(&cpu);
+    /// let dp = DataParallel::new(model, vec![cpu.clone(), other.clone(), cpu.clone()]).unwrap();
+    /// let dp = dp.without_device(&other).unwrap();
+    /// assert_eq!(dp.replica_devices(), [cpu.clone(), cpu.clone()].as_slice());
+    /// assert!(dp.without_device(&cpu).is_err());
+    /// ```
+    pub fn without_device(self, device: &Device) -> Result<Self, DataParallelError> {
+        let DataParallel { module, settings } = self;
+        if *device == settings.output_device {
+            return Err(DataParallelError::OutputDeviceRemoved {
+                device: format!("{device:?}"),
+            });
+        }
+        let devices: Vec<Device> = (settings.devices.iter())
+            .filter(|d| *d != device)
+            .cloned()
+            .collect();
+        let config = DataParallelConfig {
+            dim: settings.dim,
+            output_index: (devices.iter().position(|d| *d == settings.output_device))
+                .expect("the output device stays"),
+            shard_weights: settings.shard_weights.as_deref().map(|w| {
+                (settings.devices.iter().zip(w))
+                    .filter(|(d, _)| *d != device)
+                    .map(|(_, w)| *w)
+                    .collect()
+            }),
+            adaptive_shards: (settings.balancer.as_ref())
+                .map(|balancer| crate::balance::lock(balancer).config().clone()),
+            profile: settings.profiler.is_enabled(),
+            loss_reduction: settings.loss_reduction,
+        };
+        config.init(module, devices)
+    }
+
     /// How `input` would be split: one entry per replica that receives items.
     ///
     /// # Errors

@@ -196,8 +196,8 @@ fn the_learner_trains_as_the_bare_one() {
 }
 
 /// A server killed between steps: the next forward is a `DeviceFailed` naming it, soon;
-/// the module is intact, and a wrapper over the devices that remain trains on as the bare
-/// model does.
+/// the module is intact, and the wrapper without that device trains on as the bare model
+/// does.
 fn a_server_that_goes_away_is_a_typed_error() {
     let mut servers: Vec<Server> = (0..2).map(|_| Server::start()).collect();
     let devices = devices(&servers);
@@ -228,8 +228,8 @@ fn a_server_that_goes_away_is_a_typed_error() {
         waited < Duration::from_secs(30),
         "the error took {waited:?}"
     );
-    let remaining: Vec<Device> = devices[..2].to_vec();
-    let dp = DataParallel::new(dp.into_inner(), remaining).unwrap();
+    let dp = dp.without_device(&devices[2]).unwrap();
+    assert_eq!(dp.replica_devices(), &devices[..2]);
     train_beside(bare, dp, 2);
 }
 

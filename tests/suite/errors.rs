@@ -1,7 +1,7 @@
 //! Bad input and failing replicas come back as typed errors, and the wrapper stays usable.
 
 use burn::tensor::{Device, Tensor};
-use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError};
+use burn_dataparallel::{DataParallel, DataParallelConfig, DataParallelError, LossReduction, Mean};
 
 use super::models::{Mlp, batch};
 use crate::common::{assert_close, flex};
@@ -178,7 +178,35 @@ pub fn captures_stay_on_the_output_device(devices: &[Device]) {
     }
 }
 
+/// After a device is dropped (`without_device`), the wrapper keeps its settings and trains
+/// as the bare model on the devices that remain; the output device cannot be dropped.
+pub fn a_device_can_be_dropped(devices: &[Device]) {
+    let output = &devices[0];
+    let mlp = Mlp::new(output);
+    let config = DataParallelConfig::new().with_loss_reduction(LossReduction::Mean);
+    let dp = config.init(mlp.clone(), devices.to_vec()).unwrap();
+    let refused = dp.clone().without_device(output).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(refused, DataParallelError::OutputDeviceRemoved { .. }),
+        "{refused}"
+    );
+    let Some(other) = devices.iter().find(|d| *d != output) else {
+        return; // every replica on the output device: nothing else to drop
+    };
+    let dp = dp.without_device(other).unwrap();
+    let remaining: Vec<Device> = devices.iter().filter(|d| *d != other).cloned().collect();
+    assert_eq!(dp.replica_devices(), remaining.as_slice());
+    assert_eq!(dp.output_device(), output);
+    let (x, y) = batch(7, output);
+    let loss =
+        |m: &Mlp, (x, y): (Tensor<2>, Tensor<2>)| Mean((m.forward(x) - y).powi_scalar(2).mean());
+    let Mean(found) = dp.forward_with((x.clone(), y.clone()), loss);
+    let Mean(expected) = loss(&mlp, (x, y));
+    crate::common::assert_same_grads(dp.module(), &found.backward(), &expected.backward(), 1e-5);
+}
+
 crate::on_every_device_list!(
+    a_device_can_be_dropped => super::a_device_can_be_dropped,
     bad_inputs_are_refused => super::bad_inputs_are_refused,
     failing_replicas_are_typed_errors => super::failing_replicas_are_typed_errors,
     outputs_that_disagree_are_refused => super::outputs_that_disagree_are_refused,
