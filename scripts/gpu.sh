@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite on CUDA: built on a machine without a GPU, run on one with.
+# The suite and the training-step bench on CUDA: built on a machine without a GPU, run on one with.
 #
 #   scripts/gpu.sh build              # here: the release test and bench binaries, CUDA with
 #                                     # Burn's fusion and autotune (FEATURES to change), into
