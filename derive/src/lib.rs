@@ -61,6 +61,23 @@ fn bounded(input: &DeriveInput, types: &[&Type], bound: Tokens) -> syn::Generics
     generics
 }
 
+/// The fields' names, a local per field named apart from them (a field may be called `dim`
+/// or `shards`, as the impls' own locals), and the struct's generics bounded by `bound` for
+/// every field's type.
+fn split(
+    fields: &[(&Ident, &Type)],
+    input: &DeriveInput,
+    bound: Tokens,
+) -> (Vec<Ident>, Vec<Ident>, syn::Generics) {
+    let names: Vec<Ident> = fields.iter().map(|(name, _)| (*name).clone()).collect();
+    let parts = names
+        .iter()
+        .map(|name| format_ident!("__parts_{}", name))
+        .collect();
+    let types: Vec<&Type> = fields.iter().map(|(_, ty)| *ty).collect();
+    (names, parts, bounded(input, &types, bound))
+}
+
 /// `loss_weight = EXPR` from `#[scatter(..)]`, if given.
 fn loss_weight(input: &DeriveInput) -> syn::Result<Option<Expr>> {
     let mut weight = None;
@@ -81,14 +98,7 @@ fn scatter(input: &DeriveInput) -> syn::Result<Tokens> {
     let fields = fields(input, "Scatter")?;
     let weight = loss_weight(input)?;
     let name = &input.ident;
-    let names: Vec<&Ident> = fields.iter().map(|(name, _)| *name).collect();
-    // Locals named apart from the fields, which may be called `dim` or `shards`.
-    let parts: Vec<Ident> = names
-        .iter()
-        .map(|name| format_ident!("__parts_{}", name))
-        .collect();
-    let types: Vec<&Type> = fields.iter().map(|(_, ty)| *ty).collect();
-    let generics = bounded(input, &types, quote!(::burn_dataparallel::Scatter));
+    let (names, parts, generics) = split(&fields, input, quote!(::burn_dataparallel::Scatter));
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let weight = weight.map(|weight| {
         quote! {
@@ -142,13 +152,7 @@ fn scatter(input: &DeriveInput) -> syn::Result<Tokens> {
 fn gather(input: &DeriveInput) -> syn::Result<Tokens> {
     let fields = fields(input, "Gather")?;
     let name = &input.ident;
-    let names: Vec<&Ident> = fields.iter().map(|(name, _)| *name).collect();
-    let parts: Vec<Ident> = names
-        .iter()
-        .map(|name| format_ident!("__parts_{}", name))
-        .collect();
-    let types: Vec<&Type> = fields.iter().map(|(_, ty)| *ty).collect();
-    let generics = bounded(input, &types, quote!(::burn_dataparallel::Gather));
+    let (names, parts, generics) = split(&fields, input, quote!(::burn_dataparallel::Gather));
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     Ok(quote! {
         impl #impl_generics ::burn_dataparallel::Gather for #name #ty_generics #where_clause {
