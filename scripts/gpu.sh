@@ -17,8 +17,8 @@
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
 # whole set (1); FLOATS (e.g. "f32 f16 bf16") the float types each list runs in (f32).
-# Without Burn's `persistence` feature (FEATURES=...,burn/persistence) CubeCL keeps no
-# cache between processes: every list's time includes compiling its kernels.
+# Every list starts on an empty kernel cache (CACHE=kept keeps the one Burn's `persistence`
+# feature leaves in target/environment): its time includes compiling its kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-gpu-bundle}
@@ -60,6 +60,9 @@ run() {
             for list in $lists; do
                 local start; start=$(date +%s%N)
                 local status=passed name=${list//[:,]/_}-$float
+                # An empty kernel cache for every process unless CACHE=kept (Burn's
+                # `persistence` keeps it in target/environment).
+                [ "${CACHE:-empty}" = kept ] || rm -rf target/environment
                 DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list timeout 300 \
                     "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
                     > "$log/suite-$round-$name.log" 2>&1 || status=FAILED

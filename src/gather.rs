@@ -7,6 +7,7 @@ use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
 
 use crate::error::DataParallelError;
+use crate::kernels::concat;
 use crate::shards::Shards;
 use crate::transfer::move_to;
 
@@ -114,7 +115,7 @@ impl<const D: usize, K: Basic> Gather for Tensor<D, K> {
             return Err(DataParallelError::DimOutOfRange { dim, rank: D });
         }
         check_same_shape(outputs.iter().map(Tensor::dims), Some(dim))?;
-        Ok(Tensor::cat(on_output_device(outputs, shards), dim))
+        Ok(concat(on_output_device(outputs, shards), dim))
     }
 }
 

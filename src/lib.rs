@@ -135,6 +135,7 @@ mod devices;
 mod error;
 mod forward;
 mod gather;
+mod kernels;
 mod macros;
 mod parallel_apply;
 mod profile;

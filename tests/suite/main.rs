@@ -8,6 +8,7 @@ mod batch_norm;
 mod derive;
 mod equivalence;
 mod errors;
+mod gather;
 mod learner;
 mod learner_usage;
 mod models;

@@ -1,0 +1,161 @@
+//! The gather's concatenation on one device against Burn's `Tensor::cat` and a plain copy of
+//! the same bytes.
+//!
+//! ```sh
+//! cargo bench --bench concat                                       # CPU (Flex)
+//! cargo bench --features cuda,fusion,autotune --bench concat -- --device cuda:0
+//! ```
+//!
+//! For every total size and count of inputs, three operations on the same inputs alternate
+//! (the order rotating each round, after one warm-up round): `gather` (`Gather::gather` of a
+//! `Tensor` on its output device: the crate's kernel on CubeCL devices), `cat`
+//! (`Tensor::cat`), and `copy` (the whole output's bytes read and written once, by
+//! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync.
+//! Printed per case: each operation's median time per call, the spread of its rounds, its
+//! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
+
+use std::time::{Duration, Instant};
+
+use burn::tensor::{Device, Tensor};
+use burn_dataparallel::{DeviceList, Gather, Shards};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The device (one entry of a `DeviceList`).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceList,
+    /// Total sizes of the output, in KiB.
+    #[arg(long, value_delimiter = ',', default_value = "4,64,1024,16384,262144")]
+    sizes_kib: Vec<usize>,
+    /// Counts of inputs.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    parts: Vec<usize>,
+    /// Columns of every input (rows make up the size).
+    #[arg(long, default_value_t = 1024)]
+    cols: usize,
+    /// Timed rounds after one warm-up round.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Calls per sample.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Gather,
+    Cat,
+    Copy,
+}
+
+const OPS: [Op; 3] = [Op::Gather, Op::Cat, Op::Copy];
+
+/// One call of `op` on `inputs` (gathered along dim 0), its output dropped.
+fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) {
+    let output = match op {
+        Op::Gather => Gather::gather(inputs.to_vec(), shards).expect("same shapes"),
+        Op::Cat => Tensor::cat(inputs.to_vec(), 0),
+        Op::Copy => whole.clone().add_scalar(1.0),
+    };
+    drop(output);
+}
+
+/// The time per call of `iters` calls of `op`, synced at both ends.
+fn sample(
+    op: Op,
+    inputs: &[Tensor<2>],
+    whole: &Tensor<2>,
+    shards: &Shards,
+    iters: usize,
+) -> Duration {
+    let device = whole.device();
+    device.sync().expect("the device answers");
+    let start = Instant::now();
+    for _ in 0..iters {
+        call(op, inputs, whole, shards);
+    }
+    device.sync().expect("the device answers");
+    start.elapsed() / iters as u32
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+/// `parts` inputs of `cols` columns and uneven rows (the first ones one row longer) that
+/// make up `bytes` of f32 (rounded to whole rows), and the same rows in one tensor.
+fn inputs(bytes: usize, parts: usize, cols: usize, device: &Device) -> (Vec<Tensor<2>>, Tensor<2>) {
+    let rows = (bytes / 4 / cols).max(parts);
+    let tensors: Vec<Tensor<2>> = (0..parts)
+        .map(|i| rows / parts + usize::from(i < rows % parts))
+        .map(|r| Tensor::random([r, cols], burn::tensor::Distribution::Default, device))
+        .collect();
+    let whole = Tensor::random([rows, cols], burn::tensor::Distribution::Default, device);
+    (tensors, whole)
+}
+
+fn main() {
+    let args = Args::parse();
+    let device = args
+        .device
+        .into_vec()
+        .into_iter()
+        .next()
+        .expect("one device");
+    println!(
+        "device {device:?}, {} rounds of {} calls",
+        args.rounds, args.iters
+    );
+    println!(
+        "{:>10} {:>5} | {:>22} {:>22} {:>22} | {:>8} {:>8}",
+        "KiB",
+        "parts",
+        "gather ms (range) GB/s",
+        "cat ms (range) GB/s",
+        "copy ms (range) GB/s",
+        "g/cat",
+        "g/copy"
+    );
+    for &kib in &args.sizes_kib {
+        for &parts in &args.parts {
+            let (tensors, whole) = inputs(kib * 1024, parts, args.cols, &device);
+            let bytes = 2.0 * (whole.dims()[0] * args.cols * 4) as f64;
+            let shards = Shards::new(parts, &vec![device.clone(); parts], None, 0, device.clone());
+            let mut times: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
+            for round in 0..=args.rounds {
+                for k in 0..OPS.len() {
+                    let index = (k + round) % OPS.len();
+                    let time = sample(OPS[index], &tensors, &whole, &shards, args.iters);
+                    if round > 0 {
+                        times[index].push(time);
+                    }
+                }
+            }
+            let cells: Vec<(Duration, String)> = times
+                .iter()
+                .map(|samples| {
+                    let (low, high) =
+                        (samples.iter().min().unwrap(), samples.iter().max().unwrap());
+                    let mid = median(samples.clone());
+                    let rate = bytes / mid.as_secs_f64() / 1e9;
+                    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+                    (
+                        mid,
+                        format!("{:.4} ({:.4}-{:.4}) {rate:.1}", ms(&mid), ms(low), ms(high)),
+                    )
+                })
+                .collect();
+            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            println!(
+                "{kib:>10} {parts:>5} | {:>22} {:>22} {:>22} | {:>8.3} {:>8.3}",
+                cells[0].1,
+                cells[1].1,
+                cells[2].1,
+                ratio(cells[0].0, cells[1].0),
+                ratio(cells[0].0, cells[2].0)
+            );
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Concatenation of any number of tensors along any dimension in one kernel launch.
+//!
+//! Every input is seen as a matrix `[outer, width_i]`, where `outer` is the product of the
+//! dimensions before `dim` and `width_i` that of `dim` and the ones after it, and the output as
+//! `[outer, sum(width_i)]`. One thread writes one vector of the output: it finds its row and
+//! column, [`locate`]s the input that holds the column, and copies one vector from it. Vectors
+//! are as wide as every input's row allows; inputs that are not contiguous are made contiguous
+//! first.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::backend::tensor::FloatTensor;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::calculate_cube_count_elemwise;
+use cubecl::client::Client;
+use cubecl::prelude::*;
+use cubecl::std::FastDivmod;
+
+use super::ConcatOps;
+
+impl ConcatOps for CubeBackend {
+    fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        concat(tensors, dim)
+    }
+}
+
+#[cube(launch_unchecked, address_type = "dynamic")]
+fn concat_kernel<E: Numeric, N: Size>(
+    inputs: &Sequence<OwnedTensor<Vector<E, N>>>,
+    output: &mut Tensor<Vector<E, N>>,
+    widths: Sequence<usize>,
+    row_width: FastDivmod<usize>,
+    units: usize,
+    #[define(E)] _dtype: ElemType,
+) {
+    if ABSOLUTE_POS >= units {
+        terminate!();
+    }
+    let (row, column) = row_width.div_mod(ABSOLUTE_POS);
+    let (piece, offset, width) = locate(&widths, column);
+
+    // A sequence's items are indexed at compile time: one unrolled branch per input.
+    #[unroll]
+    for i in 0..comptime![inputs.len()] {
+        if piece == i {
+            output[ABSOLUTE_POS] = inputs.index(i).as_slice()[row * width + offset];
+        }
+    }
+}
+
+/// Where `column` of a row laid out as pieces of `widths` columns side by side falls: the
+/// piece, the column within it and the piece's width. The pieces' count is a compile-time
+/// constant, so the walk is unrolled.
+#[cube]
+fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
+    let mut piece = 0usize;
+    let mut offset = column;
+    let mut width = 0usize;
+    let mut found = false;
+    #[unroll]
+    for i in 0..comptime![widths.len()] {
+        let piece_width = *widths.index(i);
+        if !found {
+            if offset < piece_width {
+                piece = i;
+                width = piece_width;
+                found = true;
+            } else {
+                offset -= piece_width;
+            }
+        }
+    }
+    (piece, offset, width)
+}
+
+/// The widest vector (in elements) that divides every width and that the device loads in one
+/// instruction for elements of `elem_size` bytes.
+fn vector_size(client: &Client, elem_size: usize, widths: &[usize]) -> usize {
+    client
+        .io_optimized_vector_sizes(elem_size)
+        .filter(|&size| widths.iter().all(|width| width.is_multiple_of(size)))
+        .max()
+        .unwrap_or(1)
+}
+
+/// Concatenates `tensors` along `dim` in one launch.
+///
+/// # Panics
+///
+/// If `tensors` is empty, or they differ in rank, dtype or outside `dim`.
+pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
+    let first = tensors.first().expect("concat needs at least one tensor");
+    let rank = first.meta.num_dims();
+    let dtype = first.dtype;
+    let client = first.client.clone();
+    let device = first.device.clone();
+    let mut shape = first.meta.shape().to_vec();
+    for tensor in &tensors[1..] {
+        let other = tensor.meta.shape();
+        assert_eq!(tensor.dtype, dtype, "concat inputs differ in dtype");
+        assert_eq!(other.len(), rank, "concat inputs differ in rank");
+        for d in (0..rank).filter(|&d| d != dim) {
+            assert_eq!(other[d], shape[d], "concat inputs differ in dimension {d}");
+        }
+    }
+    shape[dim] = tensors.iter().map(|t| t.meta.shape()[dim]).sum();
+
+    let tensors: Vec<CubeTensor> = tensors
+        .into_iter()
+        .filter(|t| t.meta.shape()[dim] > 0)
+        .map(|t| {
+            if t.is_contiguous() {
+                t
+            } else {
+                into_contiguous(t)
+            }
+        })
+        .collect();
+    if tensors.len() == 1 {
+        return tensors.into_iter().next().expect("one tensor");
+    }
+    let output = empty_device_contiguous_dtype(client.clone(), device, shape.clone().into(), dtype);
+    if tensors.is_empty() || output.meta.num_elements() == 0 {
+        return output;
+    }
+
+    let inner: usize = shape[dim + 1..].iter().product();
+    let widths: Vec<usize> = tensors
+        .iter()
+        .map(|t| t.meta.shape()[dim] * inner)
+        .collect();
+    let vector = vector_size(&client, dtype.size(), &widths);
+    let row_width: usize = widths.iter().sum::<usize>() / vector;
+
+    let address = tensors
+        .iter()
+        .map(CubeTensor::required_address_type)
+        .chain([output.required_address_type()])
+        .max()
+        .unwrap_or_default();
+    let mut inputs = SequenceArg::new();
+    let mut vector_widths = SequenceArg::new();
+    for (tensor, width) in tensors.into_iter().zip(&widths) {
+        inputs.push(tensor.into_tensor_arg());
+        vector_widths.push(width / vector);
+    }
+    let units = output.meta.num_elements() / vector;
+    let cube_dim = CubeDim::new(&client, units);
+    let cube_count = calculate_cube_count_elemwise(&client, units, cube_dim);
+    unsafe {
+        concat_kernel::launch_unchecked(
+            &client,
+            cube_count,
+            cube_dim,
+            address,
+            vector,
+            inputs,
+            output.clone().into_tensor_arg(),
+            vector_widths,
+            row_width,
+            units,
+            dtype_to_storage_type(dtype),
+        );
+    }
+    output
+}

@@ -1,0 +1,153 @@
+//! Gathering tensors on the output device (one kernel launch on CubeCL devices) equals
+//! Burn's `Tensor::cat` on the same device, value for value, and so do the gradients that
+//! flow back through it.
+
+use burn::tensor::{Device, Int, Tensor};
+use burn_dataparallel::{Gather, Shards};
+
+use crate::common::values;
+
+/// A tensor of `dims` holding `start`, `start + 1`, ... (distinct values, so that a value
+/// copied from the wrong place shows).
+fn counting<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
+    let count: usize = dims.iter().product();
+    if count == 0 {
+        // Burn 0.22.1's `reshape` of an empty tensor indexes past its shape.
+        return Tensor::zeros(dims, device);
+    }
+    Tensor::<1, Int>::arange(start as i64..(start + count) as i64, device)
+        .float()
+        .reshape(dims)
+}
+
+/// Shards for `parts` outputs along `dim`, every one of them on the output device.
+fn shards(parts: usize, dim: usize, device: &Device) -> Shards {
+    Shards::new(
+        parts,
+        &vec![device.clone(); parts],
+        None,
+        dim,
+        device.clone(),
+    )
+}
+
+/// `Gather` of `parts` against `Tensor::cat` of the same tensors: the same values exactly.
+fn gathers_as_cat<const D: usize>(parts: Vec<Tensor<D>>, dim: usize, device: &Device) {
+    let expected = Tensor::cat(parts.clone(), dim);
+    let found = Gather::gather(parts.clone(), &shards(parts.len(), dim, device)).unwrap();
+    assert_eq!(
+        found.dims(),
+        expected.dims(),
+        "{} parts along {dim}",
+        parts.len()
+    );
+    assert_eq!(
+        values(found),
+        values(expected),
+        "{} parts along {dim}",
+        parts.len()
+    );
+}
+
+/// Pieces of odd sizes (tails that fill no vector), along every dimension, two to five of
+/// them, including an empty one.
+pub fn gathers_pieces_along_any_dimension(devices: &[Device]) {
+    let device = &devices[0];
+    for dim in 0..3 {
+        for sizes in [
+            vec![1, 2],
+            vec![3, 1, 4],
+            vec![2, 0, 5, 1],
+            vec![4, 4, 4, 4, 4],
+        ] {
+            let parts = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| {
+                    let mut dims = [3, 5, 7];
+                    dims[dim] = size;
+                    counting(dims, 1000 * i, device)
+                })
+                .collect();
+            gathers_as_cat(parts, dim, device);
+        }
+    }
+    // Rows as wide as a vector of four and a tail of one.
+    let wide = (0..3)
+        .map(|i| counting([i + 1, 137], 500 * i, device))
+        .collect();
+    gathers_as_cat(wide, 0, device);
+}
+
+/// Inputs that are views with their own strides (a transposed tensor) are read as laid out.
+pub fn gathers_strided_pieces(devices: &[Device]) {
+    let device = &devices[0];
+    let parts = vec![
+        counting([6, 4], 0, device).swap_dims(0, 1),
+        counting([4, 3], 100, device),
+        counting([5, 4], 200, device)
+            .swap_dims(0, 1)
+            .slice([0..4, 1..4]),
+    ];
+    gathers_as_cat(parts, 1, device);
+}
+
+/// More pieces than one tracked concatenation takes (Burn's own then), and integer tensors
+/// (Burn's `cat`).
+pub fn gathers_many_pieces_and_integers(devices: &[Device]) {
+    let device = &devices[0];
+    let many = (0..20)
+        .map(|i| counting([1 + i % 3, 3], 10 * i, device))
+        .collect();
+    gathers_as_cat(many, 0, device);
+    let ints: Vec<Tensor<2, Int>> = (0..3)
+        .map(|i| Tensor::<1, Int>::arange(i * 10..i * 10 + 6, device).reshape([2, 3]))
+        .collect();
+    let expected = Tensor::cat(ints.clone(), 0).into_data();
+    let found = Gather::gather(ints, &shards(3, 0, device)).unwrap();
+    assert_eq!(found.into_data(), expected);
+}
+
+/// The gradient each piece receives through the gather is its part of the output's
+/// gradient, as through `Tensor::cat`, for every count of pieces the backward is written for
+/// and past it.
+pub fn gradients_reach_every_piece(devices: &[Device]) {
+    let device = &devices[0];
+    for parts in [2, 3, 8, 16, 17] {
+        for dim in [0, 1] {
+            let pieces: Vec<Tensor<2>> = (0..parts)
+                .map(|i| {
+                    let dims = if dim == 0 {
+                        [1 + i % 3, 4]
+                    } else {
+                        [4, 1 + i % 3]
+                    };
+                    counting(dims, 7 * i, device).require_grad()
+                })
+                .collect();
+            let total: usize = pieces.iter().map(|p| p.dims()[dim]).sum();
+            let weight_dims = if dim == 0 { [total, 4] } else { [4, total] };
+            let weights = counting(weight_dims, 3, device);
+            let gradients = |output: Tensor<2>| (output * weights.clone()).sum().backward();
+            let expected = gradients(Tensor::cat(pieces.clone(), dim));
+            let found =
+                gradients(Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap());
+            for (i, piece) in pieces.iter().enumerate() {
+                let (found, expected) = (piece.grad(&found), piece.grad(&expected));
+                let (found, expected) = (found.expect("a gradient"), expected.expect("Burn's"));
+                assert_eq!(
+                    values(found),
+                    values(expected),
+                    "piece {i} of {parts} along {dim}"
+                );
+            }
+        }
+    }
+}
+
+crate::on_every_device_list!(
+    gathers_pieces_along_any_dimension => super::gathers_pieces_along_any_dimension,
+    gathers_strided_pieces => super::gathers_strided_pieces,
+    gathers_many_pieces_and_integers => super::gathers_many_pieces_and_integers,
+    gradients_reach_every_piece => super::gradients_reach_every_piece,
+);
