@@ -14,6 +14,7 @@
 //!   replicas = replicate(module, shard devices)     // replicate.rs: copies of the parameters
 //!   outputs  = parallel_apply(replicas, shards)     // parallel_apply.rs: one lane per device
 //!   gather(outputs, output_device, dim)             // gather.rs: differentiable concatenation
+//!                                                   //   (kernels/: one launch on CubeCL devices)
 //! ```
 //!
 //! - [`Scatter`] splits tensors along `dim` and walks tuples, `Vec`, arrays, `Option`, maps
@@ -31,7 +32,8 @@
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.
-//! - Gradients: the moves and the concatenation are Burn's own tracked operations, so the
+//! - Gradients: the moves are Burn's own tracked operations and the concatenation a tracked
+//!   operation of the crate's (its backward slices the gradient, as Burn's `cat`), so the
 //!   caller's `backward()` runs every replica's backward and Burn's autodiff adds the
 //!   replicas' gradients of each parameter.
 //!
