@@ -31,7 +31,8 @@ struct Args {
     /// Counts of inputs.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
     parts: Vec<usize>,
-    /// Columns of every input (rows make up the size).
+    /// Columns of every input (rows make up the size; fewer columns for sizes without a row
+    /// of them per input).
     #[arg(long, default_value_t = 1024)]
     cols: usize,
     /// Timed rounds after one warm-up round.
@@ -40,6 +41,9 @@ struct Args {
     /// Calls per sample.
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -84,9 +88,11 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values[values.len() / 2]
 }
 
-/// `parts` inputs of `cols` columns and uneven rows (the first ones one row longer) that
-/// make up `bytes` of f32 (rounded to whole rows), and the same rows in one tensor.
+/// `parts` inputs of `cols` columns (fewer where `bytes` has not a row of them per input)
+/// and uneven rows (the first ones one row longer) that make up `bytes` of f32 (rounded to
+/// whole rows), and the same rows in one tensor.
 fn inputs(bytes: usize, parts: usize, cols: usize, device: &Device) -> (Vec<Tensor<2>>, Tensor<2>) {
+    let cols = cols.min(bytes / 4 / parts).max(1);
     let rows = (bytes / 4 / cols).max(parts);
     let tensors: Vec<Tensor<2>> = (0..parts)
         .map(|i| rows / parts + usize::from(i < rows % parts))
@@ -121,7 +127,7 @@ fn main() {
     for &kib in &args.sizes_kib {
         for &parts in &args.parts {
             let (tensors, whole) = inputs(kib * 1024, parts, args.cols, &device);
-            let bytes = 2.0 * (whole.dims()[0] * args.cols * 4) as f64;
+            let bytes = 2.0 * (whole.dims()[0] * whole.dims()[1] * 4) as f64;
             let shards = Shards::new(parts, &vec![device.clone(); parts], None, 0, device.clone());
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
             for round in 0..=args.rounds {

@@ -2,7 +2,7 @@
 
     python3 benches/concat/torch_cat.py [--device cuda:0]
 
-The same shapes as the Rust bench (f32 rows of 1024 columns, uneven rows, 2/4/8 inputs,
+The same shapes as the Rust bench (f32 rows of 1024 columns, fewer for small sizes, uneven rows, 2/4/8 inputs,
 4 KiB to 256 MiB), the same method: the two operations alternate (order rotating) for 7
 rounds after a warm-up, a sample is 20 calls between two device syncs; median time per call,
 the rounds' range, and the rate (bytes read and written per second).
@@ -42,10 +42,11 @@ print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else
 print(f"{'KiB':>10} {'parts':>5} | {'torch.cat ms (range) GB/s':>28} {'copy ms (range) GB/s':>28}")
 for kib in map(int, args.sizes_kib.split(",")):
     for parts in map(int, args.parts.split(",")):
-        rows = max(kib * 1024 // 4 // args.cols, parts)
+        cols = max(min(args.cols, kib * 1024 // 4 // parts), 1)
+        rows = max(kib * 1024 // 4 // cols, parts)
         sizes = [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
-        tensors = [torch.rand(r, args.cols, device=device) for r in sizes]
-        whole = torch.rand(rows, args.cols, device=device)
+        tensors = [torch.rand(r, cols, device=device) for r in sizes]
+        whole = torch.rand(rows, cols, device=device)
         ops = [lambda: torch.cat(tensors, 0), lambda: whole.clone()]
         times = [[], []]
         for rnd in range(args.rounds + 1):
@@ -54,7 +55,7 @@ for kib in map(int, args.sizes_kib.split(",")):
                 t = sample(ops[index], args.iters)
                 if rnd > 0:
                     times[index].append(t)
-        nbytes = 2 * rows * args.cols * 4
+        nbytes = 2 * rows * cols * 4
         cells = []
         for samples in times:
             mid = statistics.median(samples)
