@@ -9,6 +9,9 @@
 #                                     # in a fresh process, logs in LOG_DIR
 #   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
 #                                     # its Learner comparison and cold starts (BENCH_MODES)
+#   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
+#                                     # against Tensor::cat and a copy), then torch.cat's
+#                                     # figures for the same cases (benches/concat/torch_cat.py)
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
 #                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time;
@@ -111,6 +114,17 @@ bench() {
     done
 }
 
+concat() {
+    local log=${1:?LOG_DIR}
+    mkdir -p "$log"
+    log=$(cd "$log" && pwd)
+    unpack
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/concat-gpu.txt"
+    timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/concat" --device "${BENCH_DEVICES:-cuda:0}" \
+        2>&1 | tee "$log/concat.log" || true
+    timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
+}
+
 unpack() {
     mkdir -p "$BUNDLE/bin"
     for packed in "$BUNDLE"/*.xz; do
@@ -141,5 +155,6 @@ case "${1:-}" in
     run) shift; run "$@" ;;
     repeat) shift; repeat "$@" ;;
     bench) shift; bench "$@" ;;
-    *) sed -n 2,21p "$0"; exit 2 ;;
+    concat) shift; concat "$@" ;;
+    *) sed -n 2,24p "$0"; exit 2 ;;
 esac
