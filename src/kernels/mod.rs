@@ -58,7 +58,9 @@ pub(crate) fn concat<const D: usize, K: Basic>(
         && tensors.len() > 1
         && first.dtype().is_float()
         && has_kernels(&first.device())
-        && tensors.iter().all(|t| t.device() == first.device())
+        && tensors
+            .iter()
+            .all(|t| same_backend(&t.device(), &first.device()))
     {
         let floats = tensors
             .into_iter()
@@ -79,6 +81,13 @@ fn has_kernels(device: &Device) -> bool {
     )
 }
 
+/// Whether tensors on `a` and on `b` hold primitives of one backend type: one device, and
+/// one checkpointing strategy where autodiff tracks them (Burn keeps it per tensor).
+#[cfg(feature = "kernels")]
+fn same_backend(a: &Device, b: &Device) -> bool {
+    a == b && a.gradient_checkpointing_strategy() == b.gradient_checkpointing_strategy()
+}
+
 /// The routing from a tensor's device to the backend type that holds its primitive.
 #[cfg(feature = "kernels")]
 mod cube {
@@ -91,7 +100,7 @@ mod cube {
 
     /// `tensors`, all on one CubeCL device, concatenated by [`ConcatOps`] of the backend the
     /// device names: Burn's CubeCL backend (under Fusion when Burn's `fusion` feature is on),
-    /// inside autodiff with the device's checkpointing where the device is an autodiff one.
+    /// inside autodiff with the tensors' checkpointing strategy where autodiff tracks them.
     pub(super) fn concat<const D: usize>(tensors: Vec<Tensor<D>>, dim: usize) -> Tensor<D> {
         match tensors[0].device().gradient_checkpointing_strategy() {
             None => on::<Cube, D>(tensors, dim),

@@ -2,6 +2,7 @@
 //! Burn's `Tensor::cat` on the same device, value for value, and so do the gradients that
 //! flow back through it.
 
+use burn::backend::GradientCheckpointingStrategy;
 use burn::tensor::{Device, Int, Tensor};
 use burn_dataparallel::{Gather, Shards};
 
@@ -114,33 +115,48 @@ pub fn gathers_many_pieces_and_integers(devices: &[Device]) {
 pub fn gradients_reach_every_piece(devices: &[Device]) {
     let device = &devices[0];
     for parts in [2, 3, 8, 16, 17] {
-        for dim in [0, 1] {
-            let pieces: Vec<Tensor<2>> = (0..parts)
-                .map(|i| {
-                    let dims = if dim == 0 {
-                        [1 + i % 3, 4]
-                    } else {
-                        [4, 1 + i % 3]
-                    };
-                    counting(dims, 7 * i, device).require_grad()
-                })
-                .collect();
-            let total: usize = pieces.iter().map(|p| p.dims()[dim]).sum();
-            let weight_dims = if dim == 0 { [total, 4] } else { [4, total] };
-            let weights = counting(weight_dims, 3, device);
-            let gradients = |output: Tensor<2>| (output * weights.clone()).sum().backward();
-            let expected = gradients(Tensor::cat(pieces.clone(), dim));
-            let found =
-                gradients(Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap());
-            for (i, piece) in pieces.iter().enumerate() {
-                let (found, expected) = (piece.grad(&found), piece.grad(&expected));
-                let (found, expected) = (found.expect("a gradient"), expected.expect("Burn's"));
-                assert_eq!(
-                    values(found),
-                    values(expected),
-                    "piece {i} of {parts} along {dim}"
-                );
-            }
+        gradients_through(parts, device, None);
+    }
+    // Burn's checkpointing recomputes some activations in the backward; a gather of
+    // checkpointed tensors is another backend type.
+    gradients_through(3, device, Some(GradientCheckpointingStrategy::Balanced));
+}
+
+/// The gradients of `parts` pieces through a gather, against `Tensor::cat`'s.
+fn gradients_through(
+    parts: usize,
+    device: &Device,
+    strategy: Option<GradientCheckpointingStrategy>,
+) {
+    let checkpointed = |tensor: Tensor<2>| match strategy {
+        Some(strategy) => tensor.with_gradient_checkpointing_strategy(strategy),
+        None => tensor,
+    };
+    for dim in [0, 1] {
+        let pieces: Vec<Tensor<2>> = (0..parts)
+            .map(|i| {
+                let dims = if dim == 0 {
+                    [1 + i % 3, 4]
+                } else {
+                    [4, 1 + i % 3]
+                };
+                checkpointed(counting(dims, 7 * i, device)).require_grad()
+            })
+            .collect();
+        let total: usize = pieces.iter().map(|p| p.dims()[dim]).sum();
+        let weight_dims = if dim == 0 { [total, 4] } else { [4, total] };
+        let weights = checkpointed(counting(weight_dims, 3, device));
+        let gradients = |output: Tensor<2>| (output * weights.clone()).sum().backward();
+        let expected = gradients(Tensor::cat(pieces.clone(), dim));
+        let found = gradients(Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap());
+        for (i, piece) in pieces.iter().enumerate() {
+            let (found, expected) = (piece.grad(&found), piece.grad(&expected));
+            let (found, expected) = (found.expect("a gradient"), expected.expect("Burn's"));
+            assert_eq!(
+                values(found),
+                values(expected),
+                "piece {i} of {parts} along {dim}"
+            );
         }
     }
 }
