@@ -66,7 +66,7 @@ run() {
                 # An empty kernel cache for every process unless CACHE=kept (Burn's
                 # `persistence` keeps it in target/environment).
                 [ "${CACHE:-empty}" = kept ] || rm -rf target/environment
-                DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list timeout 300 \
+                DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list timeout "${SUITE_LIMIT:-300}" \
                     "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
                     > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
                 local took=$(( ($(date +%s%N) - start) / 1000000 ))
@@ -127,7 +127,16 @@ concat() {
 
 unpack() {
     mkdir -p "$BUNDLE/bin"
+    # One archive of several binaries packs smaller than each alone (they share Burn and
+    # LLVM); unpacked once a machine.
+    for packed in "$BUNDLE"/*.tar.xz; do
+        if [ -e "$packed" ] && [ ! -e "$BUNDLE/bin/.unpacked" ]; then
+            tar -C "$BUNDLE/bin" -xJf "$packed"
+            touch "$BUNDLE/bin/.unpacked"
+        fi
+    done
     for packed in "$BUNDLE"/*.xz; do
+        case $packed in *.tar.xz|*'*'*) continue ;; esac
         local name; name=$(basename "$packed" .xz)
         xz -dc "$packed" > "$BUNDLE/bin/$name"
         chmod +x "$BUNDLE/bin/$name"

@@ -10,7 +10,8 @@
 //! (the order rotating each round, after one warm-up round): `gather` (`Gather::gather` of a
 //! `Tensor` on its output device: the crate's kernel on CubeCL devices), `cat`
 //! (`Tensor::cat`), and `copy` (the whole output's bytes read and written once, by
-//! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync.
+//! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync,
+//! their outputs kept until after it.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
 //! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
 
@@ -55,17 +56,17 @@ enum Op {
 
 const OPS: [Op; 3] = [Op::Gather, Op::Cat, Op::Copy];
 
-/// One call of `op` on `inputs` (gathered along dim 0), its output dropped.
-fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) {
-    let output = match op {
+/// One call of `op` on `inputs` (gathered along dim 0).
+fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Tensor<2> {
+    match op {
         Op::Gather => Gather::gather(inputs.to_vec(), shards).expect("same shapes"),
         Op::Cat => Tensor::cat(inputs.to_vec(), 0),
         Op::Copy => whole.clone().add_scalar(1.0),
-    };
-    drop(output);
+    }
 }
 
-/// The time per call of `iters` calls of `op`, synced at both ends.
+/// The time per call of `iters` calls of `op`, synced at both ends. The outputs live until
+/// after the sync: Burn's Fusion skips an operation whose output is dropped unread.
 fn sample(
     op: Op,
     inputs: &[Tensor<2>],
@@ -76,11 +77,13 @@ fn sample(
     let device = whole.device();
     device.sync().expect("the device answers");
     let start = Instant::now();
-    for _ in 0..iters {
-        call(op, inputs, whole, shards);
-    }
+    let outputs: Vec<Tensor<2>> = (0..iters)
+        .map(|_| call(op, inputs, whole, shards))
+        .collect();
     device.sync().expect("the device answers");
-    start.elapsed() / iters as u32
+    let elapsed = start.elapsed() / iters as u32;
+    drop(outputs);
+    elapsed
 }
 
 fn median(mut values: Vec<Duration>) -> Duration {
