@@ -262,7 +262,7 @@ fn wgpu(which: Option<Option<usize>>) -> Option<Device> {
             Some(None) => DeviceKind::Cpu,
             Some(Some(index)) => DeviceKind::DiscreteGpu(index),
         };
-        return Some(Device::wgpu(kind));
+        Some(Device::wgpu(kind))
     }
     #[cfg(not(feature = "wgpu"))]
     None
