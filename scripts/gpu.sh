@@ -3,7 +3,8 @@
 #
 #   scripts/gpu.sh build              # here: the release test and bench binaries, CUDA with
 #                                     # Burn's fusion and autotune (FEATURES to change), into
-#                                     # gpu-bundle/ (stripped, xz-compressed; ignored by git)
+#                                     # gpu-bundle/ (stripped, xz-compressed; ignored by git;
+#                                     # ONE_ARCHIVE packs several in one archive, below)
 #   scripts/gpu.sh run LOG_DIR        # on the GPU machine, from the repository root:
 #                                     # the suite on every device list of LISTS, each
 #                                     # in a fresh process, logs in LOG_DIR
@@ -40,12 +41,24 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["bench"]):
         print(m["target"]["name"], m["executable"])
 ' | sort -u | while read -r name path; do
-        # Stripped, a binary that links LLVM packs to about 31 MB: two fit one call's 64 MiB.
+        # Stripped, a binary that links LLVM packs to about 33 MB: one a call's 64 MiB.
         strip -o "$BUNDLE/$name" "$path"
-        xz -T0 -6 -c "$BUNDLE/$name" > "$BUNDLE/$name.xz"
-        rm "$BUNDLE/$name"
-        echo "$BUNDLE/$name.xz: $(du -h "$BUNDLE/$name.xz" | cut -f1)"
+        if [ -z "${ONE_ARCHIVE:-}" ]; then
+            xz -T0 -6 -c "$BUNDLE/$name" > "$BUNDLE/$name.xz"
+            rm "$BUNDLE/$name"
+            echo "$BUNDLE/$name.xz: $(du -h "$BUNDLE/$name.xz" | cut -f1)"
+        fi
     done
+    # ONE_ARCHIVE="suite concat train_step": those binaries in one archive, with a dictionary
+    # that spans them all, so that what they share (Burn, LLVM) packs once: three in about
+    # 51 MB, one call (about 10 minutes on two cores).
+    if [ -n "${ONE_ARCHIVE:-}" ]; then
+        # shellcheck disable=SC2086
+        tar -C "$BUNDLE" -cf - $ONE_ARCHIVE \
+            | xz -T1 --lzma2=preset=6,dict=600MiB -c > "$BUNDLE/all.tar.xz"
+        find "$BUNDLE" -maxdepth 1 -type f ! -name '*.xz' ! -name features -delete
+        echo "$BUNDLE/all.tar.xz ($ONE_ARCHIVE): $(du -h "$BUNDLE/all.tar.xz" | cut -f1)"
+    fi
     echo "$features" > "$BUNDLE/features"
 }
 
