@@ -51,7 +51,7 @@ for line in sys.stdin:
     done
     # ONE_ARCHIVE="suite concat train_step": those binaries in one archive, with a dictionary
     # that spans them all, so that what they share (Burn, LLVM) packs once: three in about
-    # 51 MB, one call (about 10 minutes on two cores).
+    # 51 MB, one call (about 10 minutes on two cores). The other binaries are not kept.
     if [ -n "${ONE_ARCHIVE:-}" ]; then
         # shellcheck disable=SC2086
         tar -C "$BUNDLE" -cf - $ONE_ARCHIVE \
