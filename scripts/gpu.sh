@@ -63,9 +63,7 @@ for line in sys.stdin:
 }
 
 run() {
-    local log=${1:?LOG_DIR}
-    mkdir -p "$log"
-    log=$(cd "$log" && pwd)
+    local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
     export RUST_BACKTRACE=1
     echo "features: $(cat "$BUNDLE/features" 2>/dev/null)" | tee "$log/summary.txt"
@@ -95,9 +93,7 @@ run() {
 }
 
 bench() {
-    local log=${1:?LOG_DIR}
-    mkdir -p "$log"
-    log=$(cd "$log" && pwd)
+    local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
     local bin=$BUNDLE/bin/train_step devices=${BENCH_DEVICES:-cuda:0}
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/bench-gpu.txt"
@@ -128,14 +124,18 @@ bench() {
 }
 
 concat() {
-    local log=${1:?LOG_DIR}
-    mkdir -p "$log"
-    log=$(cd "$log" && pwd)
+    local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/concat-gpu.txt"
     timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/concat" --device "${BENCH_DEVICES:-cuda:0}" \
         2>&1 | tee "$log/concat.log" || true
     timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
+}
+
+# LOG_DIR, made if need be, as an absolute path.
+log_dir() {
+    mkdir -p "$1"
+    (cd "$1" && pwd)
 }
 
 unpack() {
@@ -157,9 +157,7 @@ unpack() {
 }
 
 repeat() {
-    local log=${1:?LOG_DIR}
-    mkdir -p "$log"
-    log=$(cd "$log" && pwd)
+    local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
     local filter=${REPEAT_FILTER:-learner} runs=${REPEAT_RUNS:-300}
     export DATAPARALLEL_DEVICES=${REPEAT_LIST:-cuda:0,cuda:0}

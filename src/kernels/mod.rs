@@ -57,16 +57,20 @@ pub(crate) fn concat<const D: usize, K: Basic>(
     if let Some(first) = tensors.first()
         && tensors.len() > 1
         && first.dtype().is_float()
-        && has_kernels(&first.device())
-        && tensors
-            .iter()
-            .all(|t| same_backend(&t.device(), &first.device()))
     {
-        let floats = tensors
-            .into_iter()
-            .map(|t| Tensor::<D>::from_dispatch(t.into_dispatch()))
-            .collect();
-        return Tensor::from_dispatch(cube::concat(floats, dim).into_dispatch());
+        let device = first.device();
+        if has_kernels(&device)
+            && tensors[1..]
+                .iter()
+                .all(|t| same_backend(&t.device(), &device))
+        {
+            let floats = tensors
+                .into_iter()
+                .map(|t| Tensor::<D>::from_dispatch(t.into_dispatch()))
+                .collect();
+            let strategy = device.gradient_checkpointing_strategy();
+            return Tensor::from_dispatch(cube::concat(floats, strategy, dim).into_dispatch());
+        }
     }
     Tensor::cat(tensors, dim)
 }
@@ -100,9 +104,13 @@ mod cube {
 
     /// `tensors`, all on one CubeCL device, concatenated by [`ConcatOps`] of the backend the
     /// device names: Burn's CubeCL backend (under Fusion when Burn's `fusion` feature is on),
-    /// inside autodiff with the tensors' checkpointing strategy where autodiff tracks them.
-    pub(super) fn concat<const D: usize>(tensors: Vec<Tensor<D>>, dim: usize) -> Tensor<D> {
-        match tensors[0].device().gradient_checkpointing_strategy() {
+    /// inside autodiff with the tensors' checkpointing `strategy` where autodiff tracks them.
+    pub(super) fn concat<const D: usize>(
+        tensors: Vec<Tensor<D>>,
+        strategy: Option<GradientCheckpointingStrategy>,
+        dim: usize,
+    ) -> Tensor<D> {
+        match strategy {
             None => on::<Cube, D>(tensors, dim),
             Some(GradientCheckpointingStrategy::Disabled) => {
                 on::<Autodiff<Cube, NoCheckpointing>, D>(tensors, dim)
