@@ -9,10 +9,13 @@
 #                                     # the suite on every device list of LISTS, each
 #                                     # in a fresh process, logs in LOG_DIR
 #   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
-#                                     # its Learner comparison and cold starts (BENCH_MODES)
+#                                     # its Learner comparison, cold starts and devices of
+#                                     # different speeds (BENCH_MODES: loop learner cold mix)
 #   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
 #                                     # against Tensor::cat and a copy), then torch.cat's
 #                                     # figures for the same cases (benches/concat/torch_cat.py)
+#   scripts/gpu.sh upstream LOG_DIR   # on the GPU machine: upstream/cross_stream.rs (CubeCL's
+#                                     # cross-stream controls, UPSTREAM_ROUNDS rounds each)
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
 #                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time;
@@ -33,12 +36,13 @@ build() {
     bash scripts/llvm-from-pypi.sh
     mkdir -p "$BUNDLE"
     { cargo test --release --features "$features" --no-run --message-format=json
-      cargo bench --features "$features" --no-run --message-format=json; } \
+      cargo bench --features "$features" --no-run --message-format=json
+      cargo build --release --features "$features" --examples --message-format=json; } \
         | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["bench"]):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["bench"], ["example"]):
         print(m["target"]["name"], m["executable"])
 ' | sort -u | while read -r name path; do
         # Stripped, a binary that links LLVM packs to about 33 MB: one a call's 64 MiB.
@@ -97,13 +101,15 @@ bench() {
     unpack
     local bin=$BUNDLE/bin/train_step devices=${BENCH_DEVICES:-cuda:0}
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/bench-gpu.txt"
-    for mode in ${BENCH_MODES:-loop learner cold}; do
+    for mode in ${BENCH_MODES:-loop learner cold mix}; do
         case $mode in
             loop) timeout "${BENCH_LIMIT:-900}" "$bin" loop --devices "$devices" $BENCH_ARGS \
                     2>&1 | tee "$log/bench-loop.log" || true ;;
             learner) timeout "${BENCH_LIMIT:-900}" "$bin" learner --devices "$devices" \
                     --replicas "${LEARNER_REPLICAS:-2}" --rounds "${LEARNER_ROUNDS:-3}" $BENCH_ARGS \
                     2>&1 | tee "$log/bench-learner.log" || true ;;
+            mix) timeout "${BENCH_LIMIT:-900}" "$bin" mix --devices "${MIX_DEVICES:-cuda:0,cpu}" \
+                    --models "${MIX_MODELS:-mlp}" $BENCH_ARGS 2>&1 | tee "$log/bench-mix.log" || true ;;
             cold)
                 # A fresh process each, twice: on an empty kernel cache, then on the cache
                 # the first left (CubeCL keeps one in target/environment with Burn's
@@ -130,6 +136,13 @@ concat() {
     timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/concat" --device "${BENCH_DEVICES:-cuda:0}" \
         2>&1 | tee "$log/concat.log" || true
     timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
+}
+
+upstream() {
+    local log; log=$(log_dir "${1:?LOG_DIR}")
+    unpack
+    timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/cross_stream" all "${UPSTREAM_ROUNDS:-50}" \
+        2>&1 | tee "$log/cross_stream.log" || true
 }
 
 # LOG_DIR, made if need be, as an absolute path.
@@ -176,5 +189,6 @@ case "${1:-}" in
     repeat) shift; repeat "$@" ;;
     bench) shift; bench "$@" ;;
     concat) shift; concat "$@" ;;
-    *) sed -n 2,24p "$0"; exit 2 ;;
+    upstream) shift; upstream "$@" ;;
+    *) sed -n 2,26p "$0"; exit 2 ;;
 esac

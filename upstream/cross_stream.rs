@@ -1,6 +1,7 @@
-//! CubeCL's cross-stream gaps on Burn 0.22.1 (CubeCL 0.11), `CubeBackend` on CUDA without
-//! fusion: the `reuse` and `late` controls of the crate's `upstream/cross_stream/` (Burn 0.21,
-//! CubeCL 0.10), the same steps and the same table.
+//! CubeCL's cross-stream gaps on Burn 0.22.1 (CubeCL 0.11), on CUDA, without this crate: the
+//! `reuse` and `late` controls of crate 0.1's `upstream/cross_stream/` (Burn 0.21, CubeCL
+//! 0.10), the same steps and the same table. The backend is Burn's CUDA device as the build's
+//! features make it (`fusion` on: Burn's Fusion over `CubeBackend`; off: `CubeBackend`).
 //!
 //! - `reuse`: a buffer of the main thread's stream is read twice by a worker thread on its own
 //!   stream, a few milliseconds of matrix products between the reads; the main thread drops the
@@ -15,11 +16,23 @@
 //! Each row: rounds, rounds with a wrong value, the largest relative error, milliseconds per
 //! round; the worker on its own stream (Burn's default), on the caller's
 //! (`StreamId::executes`), or (`late`) on its own with the caller synced before the hand-off.
+//! Run (after `scripts/llvm-from-pypi.sh`):
+//!
+//! ```sh
+//! CUDARC_CUDA_VERSION=13000 cargo run --release --features cuda --example cross_stream -- [late|reuse|all] [ROUNDS]
+//! ```
 
 use std::sync::mpsc::channel;
 use std::time::Instant;
 
 use burn::tensor::{Device, StreamId, Tensor, TensorData};
+
+/// Burn's CUDA backend as this build has it.
+const BACKEND: &str = if cfg!(feature = "fusion") {
+    "fusion<cube>"
+} else {
+    "cube"
+};
 
 /// Relative error above which a round counts as wrong.
 const WRONG: f32 = 1e-2;
@@ -177,7 +190,8 @@ fn row(control: &str, streams: &str, wrong: &[f32], started: Instant) {
     let worst = wrong.iter().copied().fold(0.0f32, f32::max);
     let ms = started.elapsed().as_secs_f64() * 1e3 / wrong.len().max(1) as f64;
     println!(
-        "| {control} | cube (Burn 0.22.1) | {streams} | {} | {bad} | {worst:.2e} | {ms:.2} |",
+        "| {control} | {} (Burn 0.22.1) | {streams} | {} | {bad} | {worst:.2e} | {ms:.2} |",
+        BACKEND,
         wrong.len()
     );
 }
