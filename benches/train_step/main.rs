@@ -22,6 +22,9 @@
 //! configurations alternating for `--rounds` rounds; samples per second over the epochs after
 //! the first.
 //!
+//! `mix` runs each distinct device of `--devices` alone and the wrapper over the whole list
+//! with even and with adaptive shards (devices of different speeds: `cuda:0,cpu`).
+//!
 //! `cold` times one fresh process: from the start of `main` to the end of each of the first
 //! steps, and the median of the steps that follow.
 //!
@@ -37,6 +40,7 @@ use clap::{Parser, ValueEnum};
 
 mod cold;
 mod learner;
+mod mix;
 mod models;
 mod own_loop;
 #[path = "../../tests/common/silent.rs"]
@@ -49,6 +53,7 @@ enum Mode {
     Loop,
     Learner,
     Cold,
+    Mix,
     /// One configuration of `learner`, in the process `learner` starts.
     #[value(hide = true)]
     LearnerChild,
@@ -161,5 +166,6 @@ fn main() {
         Mode::Learner => learner::run(&args),
         Mode::LearnerChild => learner::child(&args),
         Mode::Cold => cold::run(&args, start),
+        Mode::Mix => mix::run(&args),
     }
 }
