@@ -42,7 +42,8 @@ pub struct DataParallelConfig {
     /// `None`.
     pub shard_weights: Option<Vec<f64>>,
     /// Shards that follow the replicas' measured times (starting from `shard_weights`, else
-    /// even): for devices of unequal speed. Measuring waits for each device at the end of its
+    /// even): for devices of unequal speed. A device the step is predicted to finish sooner
+    /// without is left out (weight zero). Measuring waits for each device at the end of its
     /// replica's work, which costs the overlap of the devices' work on the steps it measures.
     pub adaptive_shards: Option<AdaptiveShardsConfig>,
     /// Whether every step records its stage profile ([`DataParallel::profile`](crate::DataParallel::profile)).

@@ -8,6 +8,8 @@
 //! module forked there: parameters of its own, under the same ids, whose gradients the
 //! wrapper then sums (`train/combine.rs`).
 
+use std::time::{Duration, Instant};
+
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
 
@@ -48,14 +50,31 @@ pub fn replicate<M: Module>(module: &M, devices: &[Device]) -> Vec<M> {
 
 /// One replica of `module` per entry of `devices`, tied to it as `how` says.
 pub(crate) fn replicas<M: Module>(module: &M, devices: &[Device], how: Replicas) -> Vec<M> {
+    timed_replicas(module, devices, how)
+        .into_iter()
+        .map(|(replica, _)| replica)
+        .collect()
+}
+
+/// [`replicas`], each with the time the calling thread spent making it (a copy through the
+/// host holds the thread until the parameters are read; one between GPUs is only queued).
+pub(crate) fn timed_replicas<M: Module>(
+    module: &M,
+    devices: &[Device],
+    how: Replicas,
+) -> Vec<(M, Duration)> {
     let home = module.devices();
     devices
         .iter()
-        .map(|device| match (home.as_slice(), how) {
-            ([], _) => module.clone(),
-            (_, Replicas::Own) => module.clone().fork(device),
-            ([only], _) if only == device => module.clone(),
-            (_, Replicas::Tied | Replicas::TiedInTurn) => module.clone().to_device(device),
+        .map(|device| {
+            let start = Instant::now();
+            let replica = match (home.as_slice(), how) {
+                ([], _) => module.clone(),
+                (_, Replicas::Own) => module.clone().fork(device),
+                ([only], _) if only == device => module.clone(),
+                (_, Replicas::Tied | Replicas::TiedInTurn) => module.clone().to_device(device),
+            };
+            (replica, start.elapsed())
         })
         .collect()
 }

@@ -197,10 +197,18 @@ pub(crate) fn at_least_one(mut sizes: Vec<usize>) -> Vec<usize> {
     sizes
 }
 
-/// The shard sizes of adaptive shards: by the balancer's weights, every slot keeping a row
-/// (a slot without rows would never be measured again).
+/// The shard sizes of adaptive shards: by the balancer's weights, every slot of a positive
+/// weight keeping a row (a slot without rows is not measured again: only the balancer leaves
+/// one out, by a weight of zero).
 pub(crate) fn adaptive_sizes(batch_size: usize, weights: &[f64]) -> Vec<usize> {
-    at_least_one(shard_sizes(batch_size, weights.len(), Some(weights)))
+    let sizes = shard_sizes(batch_size, weights.len(), Some(weights));
+    let taking_part: Vec<usize> = (0..weights.len()).filter(|&i| weights[i] > 0.0).collect();
+    let kept = at_least_one(taking_part.iter().map(|&i| sizes[i]).collect());
+    let mut all = vec![0; weights.len()];
+    for (&i, n) in taking_part.iter().zip(kept) {
+        all[i] = n;
+    }
+    all
 }
 
 #[cfg(test)]
@@ -225,6 +233,11 @@ mod tests {
     #[test]
     fn every_device_keeps_a_row() {
         assert_eq!(adaptive_sizes(10, &[1.0, 1e-6, 1e-6]), [8, 1, 1]);
+        assert_eq!(
+            adaptive_sizes(10, &[1.0, 0.0, 1e-6]),
+            [9, 0, 1],
+            "a slot left out"
+        );
         assert_eq!(at_least_one(vec![2, 0]), [1, 1]);
         assert_eq!(at_least_one(vec![1, 0, 0]), [1, 0, 0]);
     }

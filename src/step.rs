@@ -8,7 +8,7 @@
 //! ```
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::module::Module;
 
@@ -18,7 +18,7 @@ use crate::error::{BoxError, DataParallelError, panic_message};
 use crate::gather::Gather;
 use crate::parallel_apply::{self, Failure};
 use crate::profile::{self, Recording};
-use crate::replicate::{Replicas, bring_home, merge_graphs, replicas};
+use crate::replicate::{Replicas, bring_home, merge_graphs, timed_replicas};
 use crate::scatter::{Scatter, stated_shares};
 use crate::shards::{Shards, adaptive_sizes, shard_sizes};
 
@@ -156,7 +156,9 @@ where
         shards.set_loss_shares(shares);
     }
     profile::stage(recording.as_mut(), |p| &mut p.scatter);
-    let copies = replicas(module, shards.devices(), how);
+    let (copies, moves): (Vec<M>, Vec<Duration>) = timed_replicas(module, shards.devices(), how)
+        .into_iter()
+        .unzip();
     profile::stage(recording.as_mut(), |p| &mut p.replicate);
     let jobs = (shards.replicas().iter().copied())
         .zip(copies)
@@ -164,9 +166,12 @@ where
         .map(|((entry, replica), input)| (entry, replica, input))
         .collect();
     // Adaptive shards and the profile time each replica's work up to its device having
-    // run it.
+    // run it; adaptive shards also what making each replica held the calling thread.
     let measured = (settings.balancer.as_ref())
         .and_then(|balancer| balance::lock(balancer).measure(shards.replicas(), shards.sizes()));
+    if let Some(measured) = &measured {
+        measured.set_moves(&moves);
+    }
     let wait = measured.is_some() || recording.is_some();
     let timed = |replica: &M, (index, input): (usize, I)| {
         let start = Instant::now();

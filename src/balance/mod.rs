@@ -13,7 +13,16 @@
 //! or three times the slots' measured noise (a new shard shape costs kernels compiling on GPU
 //! backends, noise should not move rows back and forth, and a device late by a cost no split
 //! removes keeps its rows), no shard more than doubled or halved in one move, every device
-//! keeping a row. A step is measured only when each of its shards has run with its size
+//! taking part keeping a row.
+//!
+//! A device can also cost the step more than its rows save: making its replica holds the
+//! calling thread (a GPU's parameters read onto the CPU), or it is slower with one row than
+//! the others with the whole batch. Each slot's replica-making time is averaged as its times
+//! are, and a device is left out (weight zero, no replica) where the step's predicted finish,
+//! those times one after the other and then the slowest line, is sooner without it by more
+//! than the tolerance; it comes back where it is sooner with it, judged by its last line. With
+//! only the output device left, the wrapper runs the module itself, as the bare model, and
+//! measures nothing more. A step is measured only when each of its shards has run with its size
 //! before: on GPU backends a new shard shape's first step holds the compiling and tuning of
 //! its kernels, which says nothing of the device's speed. A function of the timings and the
 //! sizes run: the same give the same split. Gradients are the bare model's whatever the split
@@ -97,6 +106,9 @@ pub(crate) struct Balancer {
     weights: Vec<f64>,
     /// Per slot, its recent steps' sizes and times.
     recent: Vec<Recent>,
+    /// Per slot, the recent steps' time spent making its replica on the calling thread
+    /// (averaged as the times are), which every slot waits for.
+    moves: Vec<Option<f64>>,
     /// The shard sizes each slot has run (slot, rows): a step of sizes run before is measured.
     ran: HashSet<(usize, usize)>,
     /// The last step's measurements, not folded in yet.
@@ -109,6 +121,8 @@ pub(crate) struct Measured {
     slots: Vec<usize>,
     rows: Vec<usize>,
     times: Mutex<Vec<Duration>>,
+    /// Per shard, what making its replica held the calling thread (copies through the host).
+    moves: Mutex<Vec<Duration>>,
 }
 
 impl Measured {
@@ -118,6 +132,11 @@ impl Measured {
         if let Some(time) = times.get_mut(shard) {
             *time += elapsed;
         }
+    }
+
+    /// Sets each shard's replica-making time (`replicate::timed_replicas`).
+    pub(crate) fn set_moves(&self, moves: &[Duration]) {
+        *self.moves.lock().unwrap_or_else(|e| e.into_inner()) = moves.to_vec();
     }
 }
 
@@ -131,6 +150,7 @@ impl Balancer {
         Self {
             config,
             recent: vec![Recent::default(); weights.len()],
+            moves: vec![None; weights.len()],
             ran: HashSet::new(),
             weights,
             pending: None,
@@ -164,6 +184,7 @@ impl Balancer {
             slots: slots.to_vec(),
             rows: rows.to_vec(),
             times: Mutex::new(vec![Duration::ZERO; rows.len()]),
+            moves: Mutex::new(vec![Duration::ZERO; rows.len()]),
         });
         self.pending = Some(measured.clone());
         Some(measured)
@@ -180,31 +201,72 @@ impl Balancer {
             return;
         }
         let damping = self.config.damping;
-        for ((&slot, &n), time) in measured.slots.iter().zip(&measured.rows).zip(times.iter()) {
-            self.recent[slot] = self.recent[slot].add(n as f64, time.as_secs_f64(), damping);
+        let made = measured.moves.lock().unwrap_or_else(|e| e.into_inner());
+        for (shard, (&slot, &n)) in measured.slots.iter().zip(&measured.rows).enumerate() {
+            let time = times[shard].as_secs_f64();
+            self.recent[slot] = self.recent[slot].add(n as f64, time, damping);
+            let moved = made.get(shard).map_or(0.0, Duration::as_secs_f64);
+            self.moves[slot] = Some(match self.moves[slot] {
+                Some(before) => (1.0 - damping) * before + damping * moved,
+                None => moved,
+            });
         }
         let lines: Vec<Option<Line>> = self.recent.iter().map(Recent::line).collect();
         let total = measured.rows.iter().sum::<usize>() as f64;
         let noise = self.recent.iter().map(Recent::noise).fold(0.0, f64::max);
         let averaged = (damping / (2.0 - damping)).sqrt();
         let tolerance = self.config.tolerance.max(NOISE_MARGIN * noise * averaged);
-        self.weights = next_weights(&self.weights, &lines, total, tolerance);
+        let moves: Vec<f64> = self.moves.iter().map(|m| m.unwrap_or(0.0)).collect();
+        self.weights = next_weights(&self.weights, &lines, &moves, total, tolerance);
     }
 }
 
-/// The split of `total` rows for the slots' time `lines`: among the slots with a line, the
-/// rows they hold together shared so that they would finish together (each keeping a row,
-/// no shard more than doubled or halved in one move), unless that move would bring the
-/// slowest predicted finish forward by `tolerance` of it or less. Slots without a line keep
-/// their weight.
+/// The split of `total` rows for the slots' time `lines` and replica-making times `moves`.
+///
+/// First which slots take part: a slot is left out (weight zero) where the step is predicted
+/// to finish sooner, by more than `tolerance` of it, without it, and one left out comes back
+/// where the step is predicted to finish that much sooner with it (a step's predicted finish:
+/// the `moves` of the slots taking part, made one after the other on the calling thread, then
+/// the slowest of their lines at the rows under which they would finish together). A change
+/// of the slots taking part moves straight to that split.
+///
+/// Otherwise, among the slots with a line, the rows they hold together shared so that they
+/// would finish together (each keeping a row, no shard more than doubled or halved in one
+/// move), unless that move would bring the slowest predicted finish forward by `tolerance` of
+/// it or less. Slots without a line keep their weight.
 pub(crate) fn next_weights(
     weights: &[f64],
     lines: &[Option<Line>],
+    moves: &[f64],
     total: f64,
     tolerance: f64,
 ) -> Vec<f64> {
     let known: Vec<(usize, Line)> = (lines.iter().enumerate())
         .filter_map(|(slot, line)| line.map(|line| (slot, line)))
+        .collect();
+    if known.len() < 2 {
+        return weights.to_vec();
+    }
+    let held: f64 = known.iter().map(|&(slot, _)| weights[slot] * total).sum();
+    let taking_part: Vec<bool> = known.iter().map(|&(slot, _)| weights[slot] > 0.0).collect();
+    let chosen = slots_taking_part(&known, moves, held, tolerance, taking_part.clone());
+    if chosen != taking_part {
+        let (slots, lines): (Vec<usize>, Vec<Line>) = (known.iter().zip(&chosen))
+            .filter(|(_, part)| **part)
+            .map(|(known, _)| *known)
+            .unzip();
+        let mut next = weights.to_vec();
+        for &(slot, _) in &known {
+            next[slot] = 0.0;
+        }
+        for (slot, n) in slots.iter().zip(equal_finish(&lines, held)) {
+            next[*slot] = n / total;
+        }
+        return normalized(&next);
+    }
+    let known: Vec<(usize, Line)> = (known.iter().zip(&taking_part))
+        .filter(|(_, part)| **part)
+        .map(|(known, _)| *known)
         .collect();
     if known.len() < 2 {
         return weights.to_vec();
@@ -218,7 +280,6 @@ pub(crate) fn next_weights(
             .map(|((_, line), &n)| line.at(n))
             .fold(0.0, f64::max)
     };
-    let held: f64 = rows.iter().sum();
     let known_lines: Vec<Line> = known.iter().map(|&(_, line)| line).collect();
     let target = equal_finish(&known_lines, held);
     // The whole move shortened so that no shard more than doubles or halves.
@@ -244,6 +305,48 @@ pub(crate) fn next_weights(
         next[slot] = n / total;
     }
     normalized(&next)
+}
+
+/// Which of the `known` slots take part in the next step, from those that do (`part`): one
+/// slot left out or brought back at a time, the change that most shortens the predicted
+/// finish of `held` rows, while it shortens it by more than `tolerance` of it. At least one
+/// slot takes part.
+fn slots_taking_part(
+    known: &[(usize, Line)],
+    moves: &[f64],
+    held: f64,
+    tolerance: f64,
+    mut part: Vec<bool>,
+) -> Vec<bool> {
+    let finish = |part: &[bool]| {
+        let (serial, lines) = (known.iter().zip(part)).filter(|(_, part)| **part).fold(
+            (0.0, Vec::new()),
+            |(serial, mut lines), (&(slot, line), _)| {
+                lines.push(line);
+                (serial + moves.get(slot).copied().unwrap_or(0.0), lines)
+            },
+        );
+        let rows = equal_finish(&lines, held);
+        let slowest = (lines.iter().zip(rows))
+            .map(|(line, n)| line.at(n))
+            .fold(0.0, f64::max);
+        serial + slowest
+    };
+    loop {
+        let now = finish(&part);
+        let best = (0..part.len())
+            .filter(|&i| !part[i] || part.iter().filter(|p| **p).count() > 1)
+            .map(|i| {
+                let mut changed = part.clone();
+                changed[i] = !changed[i];
+                (finish(&changed), changed)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        match best {
+            Some((then, changed)) if now - then > tolerance * now => part = changed,
+            _ => return part,
+        }
+    }
 }
 
 /// `weights` scaled to sum to one.

@@ -11,20 +11,89 @@ fn run(
     batch: usize,
     seconds: impl Fn(usize, usize, f64) -> f64,
 ) -> Vec<usize> {
-    let ids: Vec<usize> = (0..slots).collect();
+    run_with_moves(steps, slots, batch, seconds, |_| 0.0)
+        .into_iter()
+        .map(|rows| rows[0])
+        .collect()
+}
+
+/// [`run`] with making slot `i`'s replica taking `moves(i)` seconds: every slot's rows, step
+/// after step (as the wrapper, only the slots with rows are measured).
+fn run_with_moves(
+    steps: usize,
+    slots: usize,
+    batch: usize,
+    seconds: impl Fn(usize, usize, f64) -> f64,
+    moves: impl Fn(usize) -> f64,
+) -> Vec<Vec<usize>> {
     let mut balancer = Balancer::new(AdaptiveShardsConfig::new(), slots, None);
     (0..steps)
         .map(|step| {
             let rows = adaptive_sizes(batch, &balancer.weights());
-            if let Some(measured) = balancer.measure(&ids, &rows) {
-                for (slot, &n) in rows.iter().enumerate() {
+            let ids: Vec<usize> = (0..slots).filter(|&i| rows[i] > 0).collect();
+            let sizes: Vec<usize> = ids.iter().map(|&i| rows[i]).collect();
+            if let Some(measured) = balancer.measure(&ids, &sizes) {
+                let made: Vec<Duration> = (ids.iter())
+                    .map(|&slot| Duration::from_secs_f64(moves(slot)))
+                    .collect();
+                measured.set_moves(&made);
+                for (shard, (&slot, &n)) in ids.iter().zip(&sizes).enumerate() {
                     let time = Duration::from_secs_f64(seconds(step, slot, n as f64));
-                    measured.add(slot, time);
+                    measured.add(shard, time);
                 }
             }
-            rows[0]
+            rows
         })
         .collect()
+}
+
+/// A device whose replica costs more to make than its rows save (a GPU's parameters read
+/// onto the CPU, 20 ms, where the GPU runs the whole batch in 5 ms) is left out within a few
+/// steps and stays out; it comes back when the step would finish sooner with it (the GPU
+/// grown ten times slower).
+#[test]
+fn a_device_that_only_slows_the_step_is_left_out() {
+    let seconds = |step: usize, slot: usize, n: f64| match slot {
+        0 if step < 20 => 1e-3 + 1e-5 * n,
+        0 => 1e-3 + 1e-4 * n,
+        _ => 2e-3 + 1e-4 * n,
+    };
+    let moves = |slot: usize| if slot == 1 { 0.02 } else { 0.0 };
+    let history = run_with_moves(40, 2, 512, seconds, moves);
+    let out = history.iter().position(|rows| rows[1] == 0);
+    assert!(matches!(out, Some(2..=6)), "{history:?}");
+    assert!(
+        history[6..20].iter().all(|rows| *rows == [512, 0]),
+        "{history:?}"
+    );
+    // Ten times slower, the GPU alone needs 52 ms, with the CPU about 20 + 28 ms.
+    assert!(history[39][1] > 0, "{history:?}");
+    // Without the cost of making it, a slower device keeps its share.
+    let history = run_with_moves(20, 2, 512, seconds, |_| 0.0);
+    assert!(history.iter().all(|rows| rows[1] > 0), "{history:?}");
+}
+
+/// A device slower for a single row than the others for the whole batch is left out, and
+/// at least one device always takes part.
+#[test]
+fn a_device_too_slow_for_one_row_is_left_out() {
+    let line = |fixed: f64, per_row: f64| Some(Line { fixed, per_row });
+    let next = next_weights(
+        &[0.5, 0.5],
+        &[line(0.0, 1.0), line(100.0, 1.0)],
+        &[0.0; 2],
+        40.0,
+        0.05,
+    );
+    assert_eq!(next, [1.0, 0.0]);
+    let next = next_weights(
+        &[0.5, 0.5],
+        &[line(50.0, 1.0), line(60.0, 1.0)],
+        &[30.0, 30.0],
+        40.0,
+        0.05,
+    );
+    assert_eq!(next.iter().filter(|w| **w > 0.0).count(), 1, "{next:?}");
 }
 
 /// A replica twice as slow per row ends up with a third of the batch, approaching it
@@ -132,8 +201,14 @@ fn close_finish_times_move_nothing() {
         })
     };
     let lines = vec![per_row(1.0), per_row(1.4)];
-    assert_eq!(next_weights(&weights, &lines, 10.0, 0.05), weights);
-    assert_ne!(next_weights(&weights, &lines, 10.0, 0.02), weights);
+    assert_eq!(
+        next_weights(&weights, &lines, &[0.0; 2], 10.0, 0.05),
+        weights
+    );
+    assert_ne!(
+        next_weights(&weights, &lines, &[0.0; 2], 10.0, 0.02),
+        weights
+    );
 }
 
 /// Slots without a line keep their weight; no shard more than doubles in one move.
@@ -147,13 +222,19 @@ fn only_the_measured_slots_move() {
         })
     };
     let lines = [per_row(1.0), None, per_row(3.0), None];
-    let next = next_weights(&weights, &lines, 40.0, 0.0);
+    let next = next_weights(&weights, &lines, &[0.0; 4], 40.0, 0.0);
     assert_eq!((next[1], next[3]), (0.25, 0.25));
     assert!(
         (next[0] - 0.375).abs() < 1e-9 && (next[2] - 0.125).abs() < 1e-9,
         "{next:?}"
     );
-    let far = next_weights(&[0.5, 0.5], &[per_row(1.0), per_row(100.0)], 40.0, 0.0);
+    let far = next_weights(
+        &[0.5, 0.5],
+        &[per_row(1.0), per_row(5.0)],
+        &[0.0; 2],
+        40.0,
+        0.0,
+    );
     assert!((far[1] - 0.25).abs() < 1e-9, "{far:?}");
 }
 
