@@ -11,7 +11,8 @@
 //! `Tensor` on its output device: the crate's kernel on CubeCL devices), `cat`
 //! (`Tensor::cat`), and `copy` (the whole output's bytes read and written once, by
 //! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync,
-//! their outputs kept until after it.
+//! their outputs kept until after it. Each call of `copy` reads a tensor of its own: Burn's
+//! Fusion merges element-wise operations on one input into one kernel that reads it once.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
 //! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
 
@@ -58,6 +59,7 @@ const OPS: [Op; 3] = [Op::Gather, Op::Cat, Op::Copy];
 
 /// One call of `op` on `inputs` (gathered along dim 0).
 fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Tensor<2> {
+    // `whole`: this call's own copy of the output's rows.
     match op {
         Op::Gather => Gather::gather(inputs.to_vec(), shards).expect("same shapes"),
         Op::Cat => Tensor::cat(inputs.to_vec(), 0),
@@ -70,15 +72,15 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Ten
 fn sample(
     op: Op,
     inputs: &[Tensor<2>],
-    whole: &Tensor<2>,
+    wholes: &[Tensor<2>],
     shards: &Shards,
     iters: usize,
 ) -> Duration {
-    let device = whole.device();
+    let device = wholes[0].device();
     device.sync().expect("the device answers");
     let start = Instant::now();
     let outputs: Vec<Tensor<2>> = (0..iters)
-        .map(|_| call(op, inputs, whole, shards))
+        .map(|k| call(op, inputs, &wholes[k % wholes.len()], shards))
         .collect();
     device.sync().expect("the device answers");
     let elapsed = start.elapsed() / iters as u32;
@@ -93,16 +95,24 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 /// `parts` inputs of `cols` columns (fewer where `bytes` has not a row of them per input)
 /// and uneven rows (the first ones one row longer) that make up `bytes` of f32 (rounded to
-/// whole rows), and the same rows in one tensor.
-fn inputs(bytes: usize, parts: usize, cols: usize, device: &Device) -> (Vec<Tensor<2>>, Tensor<2>) {
+/// whole rows), and `copies` tensors of the same rows.
+fn inputs(
+    bytes: usize,
+    parts: usize,
+    cols: usize,
+    copies: usize,
+    device: &Device,
+) -> (Vec<Tensor<2>>, Vec<Tensor<2>>) {
     let cols = cols.min(bytes / 4 / parts).max(1);
     let rows = (bytes / 4 / cols).max(parts);
     let tensors: Vec<Tensor<2>> = (0..parts)
         .map(|i| rows / parts + usize::from(i < rows % parts))
         .map(|r| Tensor::random([r, cols], burn::tensor::Distribution::Default, device))
         .collect();
-    let whole = Tensor::random([rows, cols], burn::tensor::Distribution::Default, device);
-    (tensors, whole)
+    let wholes = (0..copies)
+        .map(|_| Tensor::random([rows, cols], burn::tensor::Distribution::Default, device))
+        .collect();
+    (tensors, wholes)
 }
 
 fn main() {
@@ -129,14 +139,14 @@ fn main() {
     );
     for &kib in &args.sizes_kib {
         for &parts in &args.parts {
-            let (tensors, whole) = inputs(kib * 1024, parts, args.cols, &device);
-            let bytes = 2.0 * (whole.dims()[0] * whole.dims()[1] * 4) as f64;
+            let (tensors, wholes) = inputs(kib * 1024, parts, args.cols, args.iters, &device);
+            let bytes = 2.0 * (wholes[0].dims()[0] * wholes[0].dims()[1] * 4) as f64;
             let shards = Shards::new(parts, &vec![device.clone(); parts], None, 0, device.clone());
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
             for round in 0..=args.rounds {
                 for k in 0..OPS.len() {
                     let index = (k + round) % OPS.len();
-                    let time = sample(OPS[index], &tensors, &whole, &shards, args.iters);
+                    let time = sample(OPS[index], &tensors, &wholes, &shards, args.iters);
                     if round > 0 {
                         times[index].push(time);
                     }
