@@ -23,33 +23,37 @@ use models::{Mlp, batch};
 /// One timed test at a time.
 static TIMED: Mutex<()> = Mutex::new(());
 
-/// The perceptron, its forward sleeping `micros[i]` per row on the lane of device entry `i`
-/// (`micros[0]` on any other thread): sleeps far above the model's own time, so that the
-/// replicas' speeds are what the test sets.
+/// The perceptron, its forward sleeping `micros[i]` per row and `fixed[i]` per call on the
+/// lane of device entry `i` (entry 0's on any other thread): sleeps far above the model's
+/// own time, so that the replicas' speeds are what the test sets.
 #[derive(Module, Debug)]
 struct Slowed {
     mlp: Mlp,
     #[module(skip)]
     micros: [u64; 2],
+    #[module(skip)]
+    fixed: [u64; 2],
 }
 
 impl Slowed {
     fn loss(&self, (x, y): (Tensor<2>, Tensor<2>)) -> Mean<Tensor<1>> {
         let lane = usize::from(std::thread::current().name() == Some("dataparallel-1"));
         std::thread::sleep(Duration::from_micros(
-            self.micros[lane] * x.dims()[0] as u64,
+            self.fixed[lane] + self.micros[lane] * x.dims()[0] as u64,
         ));
         Mean((self.mlp.forward(x) - y).powi_scalar(2).mean())
     }
 }
 
 /// Trains `steps` steps of 64 rows with adaptive shards, entry `i` sleeping `micros[i]` per
-/// row, each step's parameters checked against the bare model's; the last weights.
-fn adaptive_training(micros: [u64; 2], steps: usize) -> Vec<f64> {
+/// row and `fixed[i]` per call, each step's parameters checked against the bare model's; the
+/// last weights.
+fn adaptive_training(micros: [u64; 2], fixed: [u64; 2], steps: usize) -> Vec<f64> {
     let device = Device::flex().autodiff();
     let mut bare = Slowed {
         mlp: Mlp::new(&device),
         micros,
+        fixed,
     };
     let mut dp = DataParallelConfig::new()
         .with_adaptive_shards(Some(AdaptiveShardsConfig::new()))
@@ -76,7 +80,7 @@ fn adaptive_training(micros: [u64; 2], steps: usize) -> Vec<f64> {
 fn rows_move_to_the_faster_replica() {
     let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     common::within(|| {
-        let weights = adaptive_training([300, 900], 12);
+        let weights = adaptive_training([300, 900], [0, 0], 12);
         assert!(weights[0] > 0.65, "weights {weights:?}");
     });
 }
@@ -86,8 +90,20 @@ fn rows_move_to_the_faster_replica() {
 fn equal_replicas_stay_even() {
     let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     common::within(|| {
-        let weights = adaptive_training([500, 500], 12);
+        let weights = adaptive_training([500, 500], [0, 0], 12);
         assert!((weights[0] - 0.5).abs() < 0.1, "weights {weights:?}");
+    });
+}
+
+/// A replica that costs more a step than the other's whole batch (60 ms a call, where the
+/// batch takes 6.4 ms) is left out: the wrapper then runs the module itself, and the
+/// parameters stay the bare model's throughout.
+#[test]
+fn a_replica_that_only_slows_the_step_is_left_out() {
+    let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    common::within(|| {
+        let weights = adaptive_training([100, 100], [0, 60_000], 12);
+        assert_eq!(weights, [1.0, 0.0]);
     });
 }
 
