@@ -11,8 +11,8 @@
 //! `Tensor` on its output device: the crate's kernel on CubeCL devices), `cat`
 //! (`Tensor::cat`), and `copy` (the whole output's bytes read and written once, by
 //! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync,
-//! their outputs kept until after it. Each call of `copy` reads a tensor of its own: Burn's
-//! Fusion merges element-wise operations on one input into one kernel that reads it once.
+//! their outputs kept until after it. Each call reads tensors of its own: Burn's Fusion merges
+//! operations on one input (element-wise ones, `cat`) into one kernel that reads it once.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
 //! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
 
@@ -57,9 +57,9 @@ enum Op {
 
 const OPS: [Op; 3] = [Op::Gather, Op::Cat, Op::Copy];
 
-/// One call of `op` on `inputs` (gathered along dim 0).
+/// One call of `op` on `inputs` (gathered along dim 0) or on `whole` (their rows in one
+/// tensor).
 fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Tensor<2> {
-    // `whole`: this call's own copy of the output's rows.
     match op {
         Op::Gather => Gather::gather(inputs.to_vec(), shards).expect("same shapes"),
         Op::Cat => Tensor::cat(inputs.to_vec(), 0),
@@ -69,18 +69,16 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Ten
 
 /// The time per call of `iters` calls of `op`, synced at both ends. The outputs live until
 /// after the sync: Burn's Fusion skips an operation whose output is dropped unread.
-fn sample(
-    op: Op,
-    inputs: &[Tensor<2>],
-    wholes: &[Tensor<2>],
-    shards: &Shards,
-    iters: usize,
-) -> Duration {
-    let device = wholes[0].device();
+/// Each call has inputs of its own (`Inputs`).
+fn sample(op: Op, inputs: &Inputs, shards: &Shards, iters: usize) -> Duration {
+    let device = inputs.wholes[0].device();
     device.sync().expect("the device answers");
     let start = Instant::now();
     let outputs: Vec<Tensor<2>> = (0..iters)
-        .map(|k| call(op, inputs, &wholes[k % wholes.len()], shards))
+        .map(|k| {
+            let k = k % inputs.wholes.len();
+            call(op, &inputs.pieces[k], &inputs.wholes[k], shards)
+        })
         .collect();
     device.sync().expect("the device answers");
     let elapsed = start.elapsed() / iters as u32;
@@ -93,26 +91,33 @@ fn median(mut values: Vec<Duration>) -> Duration {
     values[values.len() / 2]
 }
 
-/// `parts` inputs of `cols` columns (fewer where `bytes` has not a row of them per input)
-/// and uneven rows (the first ones one row longer) that make up `bytes` of f32 (rounded to
-/// whole rows), and `copies` tensors of the same rows.
-fn inputs(
-    bytes: usize,
-    parts: usize,
-    cols: usize,
-    copies: usize,
-    device: &Device,
-) -> (Vec<Tensor<2>>, Vec<Tensor<2>>) {
+/// The inputs of a sample's calls, each call's its own: Burn's Fusion merges operations that
+/// read one tensor into one kernel that reads it once (twenty copies of one tensor measured
+/// above the device's memory bandwidth), and `cat` is one of the operations it fuses.
+struct Inputs {
+    /// Per call, `parts` tensors to concatenate.
+    pieces: Vec<Vec<Tensor<2>>>,
+    /// Per call, one tensor of all their rows, for the copy.
+    wholes: Vec<Tensor<2>>,
+}
+
+/// `copies` sets of `parts` inputs of `cols` columns (fewer where `bytes` has not a row of
+/// them per input) and uneven rows (the first ones one row longer) that make up `bytes` of
+/// f32 (rounded to whole rows), and as many tensors of the same rows.
+fn inputs(bytes: usize, parts: usize, cols: usize, copies: usize, device: &Device) -> Inputs {
     let cols = cols.min(bytes / 4 / parts).max(1);
     let rows = (bytes / 4 / cols).max(parts);
-    let tensors: Vec<Tensor<2>> = (0..parts)
-        .map(|i| rows / parts + usize::from(i < rows % parts))
-        .map(|r| Tensor::random([r, cols], burn::tensor::Distribution::Default, device))
+    let random =
+        |rows: usize| Tensor::random([rows, cols], burn::tensor::Distribution::Default, device);
+    let pieces = (0..copies)
+        .map(|_| {
+            (0..parts)
+                .map(|i| random(rows / parts + usize::from(i < rows % parts)))
+                .collect()
+        })
         .collect();
-    let wholes = (0..copies)
-        .map(|_| Tensor::random([rows, cols], burn::tensor::Distribution::Default, device))
-        .collect();
-    (tensors, wholes)
+    let wholes = (0..copies).map(|_| random(rows)).collect();
+    Inputs { pieces, wholes }
 }
 
 fn main() {
@@ -139,14 +144,15 @@ fn main() {
     );
     for &kib in &args.sizes_kib {
         for &parts in &args.parts {
-            let (tensors, wholes) = inputs(kib * 1024, parts, args.cols, args.iters, &device);
-            let bytes = 2.0 * (wholes[0].dims()[0] * wholes[0].dims()[1] * 4) as f64;
+            let inputs = inputs(kib * 1024, parts, args.cols, args.iters, &device);
+            let [rows, cols] = inputs.wholes[0].dims();
+            let bytes = 2.0 * (rows * cols * 4) as f64;
             let shards = Shards::new(parts, &vec![device.clone(); parts], None, 0, device.clone());
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
             for round in 0..=args.rounds {
                 for k in 0..OPS.len() {
                     let index = (k + round) % OPS.len();
-                    let time = sample(OPS[index], &tensors, &wholes, &shards, args.iters);
+                    let time = sample(OPS[index], &inputs, &shards, args.iters);
                     if round > 0 {
                         times[index].push(time);
                     }

@@ -30,11 +30,13 @@ def sync():
 
 
 def sample(op, iters):
+    """Time per call of `op(k)` for k in 0..iters (each call on inputs of its own, as the
+    Rust bench: the same cache footprint)."""
     sync()
     start = time.perf_counter()
-    for _ in range(iters):
-        op()
+    outputs = [op(k) for k in range(iters)]
     sync()
+    del outputs
     return (time.perf_counter() - start) / iters
 
 
@@ -45,9 +47,9 @@ for kib in map(int, args.sizes_kib.split(",")):
         cols = max(min(args.cols, kib * 1024 // 4 // parts), 1)
         rows = max(kib * 1024 // 4 // cols, parts)
         sizes = [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
-        tensors = [torch.rand(r, cols, device=device) for r in sizes]
-        whole = torch.rand(rows, cols, device=device)
-        ops = [lambda: torch.cat(tensors, 0), lambda: whole.clone()]
+        pieces = [[torch.rand(r, cols, device=device) for r in sizes] for _ in range(args.iters)]
+        wholes = [torch.rand(rows, cols, device=device) for _ in range(args.iters)]
+        ops = [lambda k: torch.cat(pieces[k], 0), lambda k: wholes[k].clone()]
         times = [[], []]
         for rnd in range(args.rounds + 1):
             for k in range(2):

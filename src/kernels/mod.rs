@@ -1,12 +1,12 @@
 //! The crate's kernels, as a Burn backend extension: [`concat`] joins any number of tensors
-//! in one launch where Burn's `Tensor::cat` launches a copy per input (the gather's hot path).
+//! in one launch where Burn's `CubeBackend` launches a copy per input (the gather's hot path).
 //!
 //! [`ConcatOps`] is the extension trait, implemented for each backend that runs a kernel:
 //!
 //! - `concat.rs`: the CubeCL kernel and its launch, for `CubeBackend` (every CubeCL runtime:
 //!   CUDA, wgpu, ...);
-//! - `fusion.rs`: under Burn's Fusion, a custom operation that launches the kernel when the
-//!   device's queue runs;
+//! - `fusion.rs`: under Burn's Fusion, Fusion's own `cat`, which Fusion fuses with the
+//!   operations around it (a custom operation would end the fused block: it measured slower);
 //! - `autodiff.rs`: the backward, which slices the output's gradient back into the inputs'.
 //!
 //! [`concat`] takes each tensor's primitive with Burn's `Tensor::try_into_primitive` for the
