@@ -85,7 +85,7 @@ run() {
                     "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
                     > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
                 local took=$(( ($(date +%s%N) - start) / 1000000 ))
-                local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1)
+                local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1 || true)
                 printf 'round %s %-22s %-4s %s in %s ms: %s\n' "$round" "$list" "$float" "$status" \
                     "$took" "$counts" | tee -a "$log/summary.txt"
             done
@@ -103,13 +103,13 @@ bench() {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/bench-gpu.txt"
     for mode in ${BENCH_MODES:-loop learner cold mix}; do
         case $mode in
-            loop) timeout "${BENCH_LIMIT:-900}" "$bin" loop --devices "$devices" $BENCH_ARGS \
+            loop) timeout "${BENCH_LIMIT:-900}" "$bin" loop --devices "$devices" ${BENCH_ARGS:-} \
                     2>&1 | tee "$log/bench-loop.log" || true ;;
             learner) timeout "${BENCH_LIMIT:-900}" "$bin" learner --devices "$devices" \
-                    --replicas "${LEARNER_REPLICAS:-2}" --rounds "${LEARNER_ROUNDS:-3}" $BENCH_ARGS \
+                    --replicas "${LEARNER_REPLICAS:-2}" --rounds "${LEARNER_ROUNDS:-3}" ${BENCH_ARGS:-} \
                     2>&1 | tee "$log/bench-learner.log" || true ;;
             mix) timeout "${BENCH_LIMIT:-900}" "$bin" mix --devices "${MIX_DEVICES:-cuda:0,cpu}" \
-                    --models "${MIX_MODELS:-mlp}" $BENCH_ARGS 2>&1 | tee "$log/bench-mix.log" || true ;;
+                    --models "${MIX_MODELS:-mlp}" ${BENCH_ARGS:-} 2>&1 | tee "$log/bench-mix.log" || true ;;
             cold)
                 # A fresh process each, twice: on an empty kernel cache, then on the cache
                 # the first left (CubeCL keeps one in target/environment with Burn's

@@ -14,7 +14,7 @@ use crate::own_loop::Trained;
 use crate::{Args, median, ms};
 
 /// Steps of the warm-up round, in which the adaptive split settles.
-const WARM_UP_STEPS: usize = 40;
+const WARM_UP_STEPS: usize = 12;
 
 struct Config {
     name: String,
