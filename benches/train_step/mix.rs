@@ -3,25 +3,15 @@
 //! shards and with adaptive shards, interleaved round by round; each configuration's median
 //! step against the fastest device alone, and the adaptive split it ended on.
 
-use std::time::{Duration, Instant};
-
-use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
 use burn_dataparallel::{AdaptiveShardsConfig, DataParallel, DataParallelConfig};
 
 use crate::models::{Batch, Net};
-use crate::own_loop::Trained;
+use crate::own_loop::{Config, Trained, interleave, range};
 use crate::{Args, median, ms};
 
 /// Steps of the warm-up round, in which the adaptive split settles.
 const WARM_UP_STEPS: usize = 12;
-
-struct Config {
-    name: String,
-    model: Option<Trained>,
-    batch: Batch,
-    rounds: Vec<Duration>,
-}
 
 pub fn run(args: &Args) {
     let devices = args.replica_devices(args.devices.len());
@@ -54,11 +44,10 @@ fn run_model(args: &Args, model: &str, devices: &[Device]) {
     }
     let mut configs: Vec<Config> = distinct
         .iter()
-        .map(|(device, entry)| Config {
-            name: format!("{entry} alone"),
-            model: Some(Trained::Bare(Net::new(model, sizes, device))),
-            batch: Batch::random(rows, features, device),
-            rounds: Vec::new(),
+        .map(|(device, entry)| {
+            let bare = Trained::Bare(Net::new(model, sizes, device));
+            let batch = Batch::random(rows, features, device);
+            Config::new(format!("{entry} alone"), 0, bare, batch)
         })
         .collect();
     let output = &devices[0];
@@ -68,41 +57,26 @@ fn run_model(args: &Args, model: &str, devices: &[Device]) {
         let dp: DataParallel<Net> = config
             .init(Net::new(model, sizes, output), devices.to_vec())
             .expect("the devices exist");
-        configs.push(Config {
-            name: match adaptive {
-                true => "DataParallel, adaptive shards".into(),
-                false => "DataParallel, even shards".into(),
-            },
-            model: Some(Trained::Wrapped(dp)),
-            batch: Batch::random(rows, features, output),
-            rounds: Vec::new(),
-        });
+        let name = match adaptive {
+            true => "DataParallel, adaptive shards",
+            false => "DataParallel, even shards",
+        };
+        let batch = Batch::random(rows, features, output);
+        configs.push(Config::new(
+            name.into(),
+            devices.len(),
+            Trained::Wrapped(dp),
+            batch,
+        ));
     }
     let distinct: Vec<Device> = distinct.into_iter().map(|(device, _)| device).collect();
-    let mut optims: Vec<ModuleOptimizer> =
-        configs.iter().map(|_| SgdConfig::new().init()).collect();
-    for round in 0..=args.rounds {
-        let steps = match round {
-            0 => WARM_UP_STEPS,
-            _ => args.steps,
-        };
-        let count = configs.len();
-        for k in 0..count {
-            let i = (k + round) % count;
-            let config = &mut configs[i];
-            let mut trained = config.model.take().expect("a model");
-            let mut times = Vec::with_capacity(steps);
-            for _ in 0..steps {
-                let start = Instant::now();
-                trained = trained.step(&config.batch, &mut optims[i], &distinct);
-                times.push(start.elapsed());
-            }
-            config.model = Some(trained);
-            if round > 0 {
-                config.rounds.push(median(times));
-            }
-        }
-    }
+    interleave(
+        &mut configs,
+        WARM_UP_STEPS,
+        args.rounds,
+        args.steps,
+        &distinct,
+    );
     let fastest = configs[..distinct.len()]
         .iter()
         .map(|c| median(c.rounds.clone()))
@@ -110,8 +84,7 @@ fn run_model(args: &Args, model: &str, devices: &[Device]) {
         .expect("a device");
     for config in &configs {
         let step = median(config.rounds.clone());
-        let lo = config.rounds.iter().min().copied().unwrap_or_default();
-        let hi = config.rounds.iter().max().copied().unwrap_or_default();
+        let (lo, hi) = range(&config.rounds);
         println!(
             "| {model} | {rows} | {} | {} | {}–{} | {:.3} | {:.0} |",
             config.name,

@@ -10,13 +10,59 @@ use burn_dataparallel::{DataParallel, Mean};
 use crate::models::{Batch, Net};
 use crate::{Args, median, ms};
 
-/// One configuration: the bare model (`replicas == 0`) or the wrapper over `replicas`.
-struct Config {
-    name: String,
-    replicas: usize,
-    model: Option<Trained>,
-    batch: Batch,
-    rounds: Vec<Duration>,
+/// One configuration: the bare model (`replicas == 0`) or the wrapper over `replicas`, its
+/// batch, its optimizer, and each timed round's median step.
+pub struct Config {
+    pub name: String,
+    pub replicas: usize,
+    pub model: Option<Trained>,
+    pub batch: Batch,
+    pub optim: ModuleOptimizer,
+    pub rounds: Vec<Duration>,
+}
+
+impl Config {
+    pub fn new(name: String, replicas: usize, model: Trained, batch: Batch) -> Self {
+        Self {
+            name,
+            replicas,
+            model: Some(model),
+            batch,
+            optim: SgdConfig::new().init(),
+            rounds: Vec::new(),
+        }
+    }
+}
+
+/// `configs` in turn, a warm-up round of `warm_up` steps each, then `rounds` rounds of
+/// `steps` steps, the order rotating each round so that no configuration always follows the
+/// same one; each timed round's median step goes to the configuration's `rounds`. Every step
+/// waits for `devices`.
+pub fn interleave(
+    configs: &mut [Config],
+    warm_up: usize,
+    rounds: usize,
+    steps: usize,
+    devices: &[Device],
+) {
+    for round in 0..=rounds {
+        let steps = if round == 0 { warm_up } else { steps };
+        let count = configs.len();
+        for k in 0..count {
+            let config = &mut configs[(k + round) % count];
+            let mut trained = config.model.take().expect("a model");
+            let mut times = Vec::with_capacity(steps);
+            for _ in 0..steps {
+                let start = Instant::now();
+                trained = trained.step(&config.batch, &mut config.optim, devices);
+                times.push(start.elapsed());
+            }
+            config.model = Some(trained);
+            if round > 0 {
+                config.rounds.push(median(times));
+            }
+        }
+    }
 }
 
 #[allow(clippy::large_enum_variant)] // one value a configuration
@@ -80,39 +126,21 @@ fn run_model(args: &Args, model: &str, output: &Device) {
                     DataParallel::new(net, args.replica_devices(n)).expect("the devices exist"),
                 ),
             };
-            Config {
-                name: match replicas {
-                    0 => "bare".into(),
-                    n => format!("DataParallel x{n}"),
-                },
-                replicas,
-                model: Some(trained),
-                batch: Batch::random(args.rows(model, replicas), features, output),
-                rounds: Vec::new(),
-            }
+            let name = match replicas {
+                0 => "bare".into(),
+                n => format!("DataParallel x{n}"),
+            };
+            let batch = Batch::random(args.rows(model, replicas), features, output);
+            Config::new(name, replicas, trained, batch)
         })
         .collect();
-    let mut optims: Vec<ModuleOptimizer> =
-        configs.iter().map(|_| SgdConfig::new().init()).collect();
-    for round in 0..=args.rounds {
-        // Rotate the order so that no configuration always follows the same one.
-        let count = configs.len();
-        for k in 0..count {
-            let i = (k + round) % count;
-            let config = &mut configs[i];
-            let mut trained = config.model.take().expect("a model");
-            let mut times = Vec::with_capacity(args.steps);
-            for _ in 0..args.steps {
-                let start = Instant::now();
-                trained = trained.step(&config.batch, &mut optims[i], &all_devices);
-                times.push(start.elapsed());
-            }
-            config.model = Some(trained);
-            if round > 0 {
-                config.rounds.push(median(times));
-            }
-        }
-    }
+    interleave(
+        &mut configs,
+        args.steps,
+        args.rounds,
+        args.steps,
+        &all_devices,
+    );
     let bare = configs[0].rounds.clone();
     for config in &configs {
         let ratios: Vec<f64> = config
@@ -138,12 +166,12 @@ fn run_model(args: &Args, model: &str, output: &Device) {
         );
     }
     // One profiled step of each wrapper: where its time goes.
-    for (config, optim) in configs.iter_mut().zip(&mut optims) {
+    for config in &mut configs {
         let Some(Trained::Wrapped(dp)) = config.model.take() else {
             continue;
         };
         dp.set_profiling(true);
-        let dp = match Trained::Wrapped(dp).step(&config.batch, optim, &all_devices) {
+        let dp = match Trained::Wrapped(dp).step(&config.batch, &mut config.optim, &all_devices) {
             Trained::Wrapped(dp) => dp,
             Trained::Bare(_) => unreachable!("a wrapper steps into a wrapper"),
         };
@@ -164,7 +192,7 @@ fn run_model(args: &Args, model: &str, output: &Device) {
 }
 
 /// The smallest and the largest of `times`.
-fn range(times: &[Duration]) -> (Duration, Duration) {
+pub fn range(times: &[Duration]) -> (Duration, Duration) {
     let lo = times.iter().min().copied().unwrap_or_default();
     let hi = times.iter().max().copied().unwrap_or_default();
     (lo, hi)
