@@ -33,10 +33,7 @@ pub(crate) fn next_weights(
     let taking_part: Vec<bool> = known.iter().map(|&(slot, _)| weights[slot] > 0.0).collect();
     let chosen = slots_taking_part(&known, moves, held, tolerance, taking_part.clone());
     if chosen != taking_part {
-        let (slots, lines): (Vec<usize>, Vec<Line>) = (known.iter().zip(&chosen))
-            .filter(|(_, part)| **part)
-            .map(|(known, _)| *known)
-            .unzip();
+        let (slots, lines): (Vec<usize>, Vec<Line>) = taking(&known, &chosen).into_iter().unzip();
         let mut next = weights.to_vec();
         for &(slot, _) in &known {
             next[slot] = 0.0;
@@ -46,10 +43,7 @@ pub(crate) fn next_weights(
         }
         return normalized(&next);
     }
-    let known: Vec<(usize, Line)> = (known.iter().zip(&taking_part))
-        .filter(|(_, part)| **part)
-        .map(|(known, _)| *known)
-        .collect();
+    let known = taking(&known, &taking_part);
     if known.len() < 2 {
         return weights.to_vec();
     }
@@ -89,6 +83,14 @@ pub(crate) fn next_weights(
     normalized(&next)
 }
 
+/// The slots of `known` that `part` marks.
+fn taking(known: &[(usize, Line)], part: &[bool]) -> Vec<(usize, Line)> {
+    (known.iter().zip(part))
+        .filter(|(_, part)| **part)
+        .map(|(known, _)| *known)
+        .collect()
+}
+
 /// Which of the `known` slots take part in the next step, from those that do (`part`): one
 /// slot left out or brought back at a time, the change that most shortens the predicted
 /// finish of `held` rows, while it shortens it by more than `tolerance` of it. At least one
@@ -101,13 +103,11 @@ fn slots_taking_part(
     mut part: Vec<bool>,
 ) -> Vec<bool> {
     let finish = |part: &[bool]| {
-        let (serial, lines) = (known.iter().zip(part)).filter(|(_, part)| **part).fold(
-            (0.0, Vec::new()),
-            |(serial, mut lines), (&(slot, line), _)| {
-                lines.push(line);
-                (serial + moves.get(slot).copied().unwrap_or(0.0), lines)
-            },
-        );
+        let (slots, lines): (Vec<usize>, Vec<Line>) = taking(known, part).into_iter().unzip();
+        let serial: f64 = slots
+            .iter()
+            .map(|&slot| moves.get(slot).copied().unwrap_or(0.0))
+            .sum();
         let rows = equal_finish(&lines, held);
         let slowest = (lines.iter().zip(rows))
             .map(|(line, n)| line.at(n))

@@ -1,7 +1,7 @@
 //! The crate's kernels, as a Burn backend extension: [`concat`] joins any number of tensors
 //! in one launch where Burn's `CubeBackend` launches a copy per input (the gather's hot path).
 //!
-//! [`ConcatOps`] is the extension trait, implemented for each backend that runs a kernel:
+//! [`ConcatOps`] is the extension trait, implemented for each backend the routing reaches:
 //!
 //! - `concat.rs`: the CubeCL kernel and its launch, for `CubeBackend` (every CubeCL runtime:
 //!   CUDA, wgpu, ...);
