@@ -3,9 +3,9 @@
 //! Burn 0.22's CubeCL Fusion fuses `cat` with the element-wise operations around it (the
 //! loss after a gather): one generated kernel where the crate's kernel, a custom operation
 //! Fusion cannot see into, would end the fused block before it and start one after it. As a
-//! custom operation the kernel cost more a call than Fusion's `cat` up to 16 MiB; Fusion's
-//! `cat` is slower with many large inputs (`benches/RESULTS.md`). The autodiff backward
-//! around it is still the crate's.
+//! custom operation the kernel measured slower at the sizes a step gathers, though faster
+//! with many large inputs (figures in `benches/RESULTS.md`). The autodiff backward around it
+//! is still the crate's.
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
