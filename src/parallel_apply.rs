@@ -19,11 +19,21 @@
 //!
 //! On GPUs the launches are asynchronous, so the devices' work overlaps either way; what
 //! runs in turn is the host's recording of the operations.
+//!
+//! Every job queues its work on the CubeCL stream of the thread that hands it over
+//! ([`StreamId::executes`], as Burn's Fusion does for its queues): the lanes are separate
+//! threads for Burn's per-thread state, never separate streams. CubeCL 0.11 still lets a
+//! stream read a buffer another stream wrote after their last wait (a parameter the optimizer
+//! updated in place, an input written before the hand-off): `upstream/cross_stream.rs`
+//! (`late`) reproduces it. Devices keep streams of their own, so distinct devices still run
+//! at the same time.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
+
+use burn::tensor::StreamId;
 
 use crate::error::{BoxError, DataParallelError};
 
@@ -100,6 +110,8 @@ impl Workers {
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
         let results: Results<O> = Arc::new(Mutex::new((0..jobs.len()).map(|_| None).collect()));
+        // Every replica's work queues on this thread's stream (module docs).
+        let stream = StreamId::current();
         let outstanding: Outstanding = Arc::new((Mutex::new(0), Condvar::new()));
         // Waits for every job, also if this thread unwinds while queueing them.
         let every_job = Wait(outstanding.clone());
@@ -112,9 +124,11 @@ impl Workers {
             let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
                 // Dropped last: everything the job borrows is released before it counts.
                 let _done = done;
-                let result = run(&replica, input, f);
-                drop(replica);
-                results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                stream.executes(|| {
+                    let result = run(&replica, input, f);
+                    drop(replica);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                });
             });
             // SAFETY: the job borrows `f` and values of this call only, and this call does not
             // return before every job's `CountDown` has been dropped (`every_job` above, also
