@@ -29,6 +29,7 @@ use crate::profile::Profiler;
 ///     .init(model, vec![device.clone(), device])
 ///     .unwrap();
 /// assert_eq!(dp.shard_weights(), Some(&[1.0, 2.0][..]));
+/// assert!(dp.sync_learner_steps(), "on by default");
 /// ```
 #[derive(Config, Debug)]
 pub struct DataParallelConfig {
@@ -52,6 +53,13 @@ pub struct DataParallelConfig {
     /// How [`Mean`](crate::Mean) losses combine in burn-train's steps.
     #[config(default = "LossReduction::Mean")]
     pub loss_reduction: LossReduction,
+    /// Whether burn-train's steps wait for the output device before handing their item back.
+    /// burn-train reads each item on a metric thread of its own, whose CubeCL stream may read
+    /// the item's buffers before the writes queued to them have run (CubeCL 0.11), so a logged
+    /// loss or accuracy can be wrong (the bare `Learner`'s too; parameters are not affected).
+    /// The wait costs the overlap of a step's device work with the next step's launches.
+    #[config(default = true)]
+    pub sync_learner_steps: bool,
 }
 
 /// How the replicas' losses add up to the batch's: the loss a model's own training step
@@ -75,6 +83,7 @@ pub(crate) struct Settings {
     /// The adaptive split, shared by every copy of the wrapper.
     pub(crate) balancer: Option<SharedBalancer>,
     pub(crate) loss_reduction: LossReduction,
+    pub(crate) sync_learner_steps: bool,
     /// The stage profile, shared by every copy of the wrapper.
     pub(crate) profiler: Arc<Profiler>,
     /// One lane per entry of `devices`; none for a single entry.
@@ -130,6 +139,7 @@ impl Settings {
             shard_weights: config.shard_weights.clone(),
             balancer,
             loss_reduction: config.loss_reduction,
+            sync_learner_steps: config.sync_learner_steps,
             workers,
         })
     }

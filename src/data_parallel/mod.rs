@@ -160,6 +160,7 @@ impl<M: Module> DataParallel<M> {
                 .map(|balancer| crate::balance::lock(balancer).config().clone()),
             profile: settings.profiler.is_enabled(),
             loss_reduction: settings.loss_reduction,
+            sync_learner_steps: settings.sync_learner_steps,
         };
         config.init(module, devices)
     }
@@ -235,6 +236,12 @@ impl<M: Module> DataParallel<M> {
     /// How the replicas' losses add up in burn-train's steps.
     pub fn loss_reduction(&self) -> LossReduction {
         self.settings.loss_reduction
+    }
+
+    /// Whether burn-train's steps wait for the output device before handing their item back
+    /// ([`DataParallelConfig::sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps)).
+    pub fn sync_learner_steps(&self) -> bool {
+        self.settings.sync_learner_steps
     }
 }
 

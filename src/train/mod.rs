@@ -37,14 +37,17 @@ where
     type Output = M::Output;
 
     /// The model's own training step on every shard, the gradients summed and the items
-    /// gathered.
+    /// gathered; with [`sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps)
+    /// (the default), the output device waited for before the item is handed back.
     ///
     /// # Panics
     ///
     /// With the [`DataParallelError`]'s message where a forward would return it
     /// (burn-train's steps have no error channel).
     fn step(&self, item: M::Input) -> TrainOutput<M::Output> {
-        train_step(self, item).unwrap_or_else(|error| panic!("{error}"))
+        let output = train_step(self, item).unwrap_or_else(|error| panic!("{error}"));
+        settle(self);
+        output
     }
 
     fn optimize(
@@ -79,15 +82,30 @@ where
     type Input = M::Input;
     type Output = M::Output;
 
-    /// The model's own inference step on every shard, the items gathered.
+    /// The model's own inference step on every shard, the items gathered; with
+    /// [`sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps) (the default),
+    /// the output device waited for before the item is handed back.
     ///
     /// # Panics
     ///
     /// With the [`DataParallelError`]'s message where a forward would return it.
     fn step(&self, item: M::Input) -> M::Output {
         let step = |replica: &M, shard| Ok(InferenceStep::step(replica, shard));
-        step::forward(&self.module, &self.settings, item, step, false)
-            .unwrap_or_else(|error| panic!("{error}"))
+        let output = step::forward(&self.module, &self.settings, item, step, false)
+            .unwrap_or_else(|error| panic!("{error}"));
+        settle(self);
+        output
+    }
+}
+
+/// Waits for the output device before a step's item goes to burn-train's metric thread,
+/// where the settings ask for it
+/// ([`sync_learner_steps`](crate::DataParallelConfig::sync_learner_steps)).
+fn settle<M>(dp: &DataParallel<M>) {
+    if dp.settings.sync_learner_steps {
+        // A device that fails here fails the metric thread's read of the item too, with the
+        // device's own error.
+        let _ = dp.settings.output_device.sync();
     }
 }
 

@@ -183,7 +183,9 @@ pub fn captures_stay_on_the_output_device(devices: &[Device]) {
 pub fn a_device_can_be_dropped(devices: &[Device]) {
     let output = &devices[0];
     let mlp = Mlp::new(output);
-    let config = DataParallelConfig::new().with_loss_reduction(LossReduction::Mean);
+    let config = DataParallelConfig::new()
+        .with_loss_reduction(LossReduction::Mean)
+        .with_sync_learner_steps(false);
     let dp = config.init(mlp.clone(), devices.to_vec()).unwrap();
     let refused = dp.clone().without_device(output).map(|_| ()).unwrap_err();
     assert!(
@@ -197,6 +199,7 @@ pub fn a_device_can_be_dropped(devices: &[Device]) {
     let remaining: Vec<Device> = devices.iter().filter(|d| *d != other).cloned().collect();
     assert_eq!(dp.replica_devices(), remaining.as_slice());
     assert_eq!(dp.output_device(), output);
+    assert!(!dp.sync_learner_steps(), "the settings stay");
     let (x, y) = batch(7, output);
     let loss =
         |m: &Mlp, (x, y): (Tensor<2>, Tensor<2>)| Mean((m.forward(x) - y).powi_scalar(2).mean());
