@@ -23,10 +23,12 @@
 #
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
-# whole set (1); FLOATS (e.g. "f32 f16 bf16") the float types each list runs in (f32).
-# Every list starts on an empty kernel cache (CACHE=kept keeps the one Burn's `persistence`
-# feature leaves in target/environment): its time includes compiling its kernels.
+# whole set (1); FLOATS (e.g. "f32 f16 bf16") the float types each list runs in (f32); JOBS
+# how many of those processes run at once (1). Every process starts on an empty kernel cache
+# of its own (CACHE=kept shares the one Burn's `persistence` feature leaves in
+# target/environment): its time includes compiling its kernels.
 set -euo pipefail
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-gpu-bundle}
 
@@ -73,27 +75,37 @@ run() {
     echo "features: $(cat "$BUNDLE/features" 2>/dev/null)" | tee "$log/summary.txt"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log/summary.txt"
     local lists=${LISTS:-cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0}
+    # An empty kernel cache for every process unless CACHE=kept (Burn's `persistence` keeps
+    # it in target/environment): each process warms a CubeCL environment of its own.
+    [ "${CACHE:-empty}" = kept ] || rm -rf target/environment
     for round in $(seq 1 "${RUNS:-1}"); do
         for float in ${FLOATS:-f32}; do
             for list in $lists; do
-                local start; start=$(date +%s%N)
-                local status=passed name=${list//[:,]/_}-$float
-                # An empty kernel cache for every process unless CACHE=kept (Burn's
-                # `persistence` keeps it in target/environment).
-                [ "${CACHE:-empty}" = kept ] || rm -rf target/environment
-                DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list timeout "${SUITE_LIMIT:-300}" \
-                    "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
-                    > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
-                local took=$(( ($(date +%s%N) - start) / 1000000 ))
-                local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1 || true)
-                printf 'round %s %-22s %-4s %s in %s ms: %s\n' "$round" "$list" "$float" "$status" \
-                    "$took" "$counts" | tee -a "$log/summary.txt"
+                echo "$round $float $list"
             done
         done
-    done
+    done | xargs -P "${JOBS:-1}" -L1 bash "$SELF" run-one "$log"
+    sort -o "$log/summary.txt" "$log/summary.txt"
+    cat "$log/summary.txt"
     timeout 120 "$BUNDLE/bin/suite" --ignored a_gpu_that_does_not_exist \
         > "$log/unknown-device.log" 2>&1 && echo "unknown device: passed" | tee -a "$log/summary.txt" \
         || echo "unknown device: FAILED" | tee -a "$log/summary.txt"
+}
+
+# One suite process: LOG_DIR ROUND FLOAT LIST.
+run_one() {
+    local log=$1 round=$2 float=$3 list=$4
+    local start; start=$(date +%s%N)
+    local status=passed name=${list//[:,]/_}-$float
+    local environment=default
+    [ "${CACHE:-empty}" = kept ] || environment=suite-$round-$name
+    CUBECL_ENVIRONMENT=$environment DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list \
+        timeout "${SUITE_LIMIT:-300}" "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
+        > "$log/suite-$round-$name.log" 2>&1 || status=FAILED
+    local took=$(( ($(date +%s%N) - start) / 1000000 ))
+    local counts; counts=$(grep -E "^test result" "$log/suite-$round-$name.log" | tail -1 || true)
+    printf 'round %s %-22s %-4s %s in %s ms: %s\n' "$round" "$list" "$float" "$status" \
+        "$took" "$counts" | tee -a "$log/summary.txt"
 }
 
 bench() {
@@ -174,11 +186,22 @@ repeat() {
     unpack
     local filter=${REPEAT_FILTER:-learner} runs=${REPEAT_RUNS:-300}
     export DATAPARALLEL_DEVICES=${REPEAT_LIST:-cuda:0,cuda:0}
+    # Every process fresh, on one kernel cache that the first fills alone (a CubeCL
+    # environment of its own), so that the others start in seconds.
+    export CUBECL_ENVIRONMENT=repeat
+    timeout 300 "$BUNDLE/bin/suite" --ignored "$filter" --test-threads=1 > "$log/repeat-0.log" 2>&1 \
+        && rm "$log/repeat-0.log" || true
     local start; start=$(date +%s%N)
+    # Each process's outcome goes to repeat-outcomes.txt as it ends (a run cut short can
+    # still be counted); a failed one keeps its log.
     seq 1 "$runs" | xargs -P "${REPEAT_JOBS:-8}" -I{} sh -c \
-        "timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1 && rm '$log/repeat-{}.log' || true"
-    local failed; failed=$(find "$log" -maxdepth 1 -name 'repeat-*.log' | wc -l)
+        "if timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1; \
+         then rm '$log/repeat-{}.log'; echo '{} passed' >> '$log/repeat-outcomes.txt'; \
+         else echo '{} FAILED' >> '$log/repeat-outcomes.txt'; fi"
+    local failed; failed=$(grep -c FAILED "$log/repeat-outcomes.txt" || true)
     local took=$(( ($(date +%s%N) - start) / 1000000000 ))
+    [ ! -e "$log/repeat-0.log" ] || echo "repeat: the first process (filling the cache) FAILED" \
+        | tee -a "$log/summary.txt"
     echo "repeat $filter on $DATAPARALLEL_DEVICES: $failed of $runs fresh processes failed ($took s, features $(cat "$BUNDLE/features" 2>/dev/null))" \
         | tee -a "$log/summary.txt"
 }
@@ -186,6 +209,7 @@ repeat() {
 case "${1:-}" in
     build) build ;;
     run) shift; run "$@" ;;
+    run-one) shift; run_one "$@" ;;
     repeat) shift; repeat "$@" ;;
     bench) shift; bench "$@" ;;
     concat) shift; concat "$@" ;;
