@@ -99,6 +99,10 @@ run_one() {
     local status=passed name=${list//[:,]/_}-$float
     local environment=default
     [ "${CACHE:-empty}" = kept ] || environment=suite-$round-$name
+    # A test's watchdog (60 s) waits longer where processes compile side by side.
+    local limit=60
+    [ "${JOBS:-1}" -le 1 ] || limit=180
+    DATAPARALLEL_TEST_LIMIT=${DATAPARALLEL_TEST_LIMIT:-$limit} \
     CUBECL_ENVIRONMENT=$environment DATAPARALLEL_FLOAT=$float DATAPARALLEL_DEVICES=$list \
         timeout "${SUITE_LIMIT:-300}" "$BUNDLE/bin/suite" --ignored listed:: --test-threads=1 \
         > "$log/suite-$round-$name.log" 2>&1 || status=FAILED

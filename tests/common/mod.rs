@@ -94,21 +94,27 @@ pub fn listed() -> Vec<Device> {
 }
 
 /// Runs `body` on a thread of its own and fails the test if it takes over a minute (a hang
-/// fails in bounded time) or panics.
+/// fails in bounded time) or panics. `DATAPARALLEL_TEST_LIMIT` (seconds) sets another limit:
+/// a first test on an empty GPU kernel cache, with other processes compiling beside it, can
+/// take longer.
 pub fn within<F: FnOnce() + Send + 'static>(body: F) {
+    let limit = std::env::var("DATAPARALLEL_TEST_LIMIT").map_or(60, |limit| {
+        (limit.parse())
+            .unwrap_or_else(|_| panic!("DATAPARALLEL_TEST_LIMIT is seconds, not {limit:?}"))
+    });
     let (done, finished) = mpsc::channel();
     let handle = std::thread::spawn(move || {
         body();
         let _ = done.send(());
     });
-    match finished.recv_timeout(Duration::from_secs(60)) {
+    match finished.recv_timeout(Duration::from_secs(limit)) {
         Ok(()) => handle.join().expect("the test body"),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             if let Err(payload) = handle.join() {
                 std::panic::resume_unwind(payload);
             }
         }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within 60 s"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within {limit} s"),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
-use burn::tensor::Device;
+use burn::tensor::{DType, Device};
 use burn_dataparallel::{DataParallel, Mean};
 
 use super::models::{Mlp, Tied, batch};
@@ -10,8 +10,18 @@ use crate::common::{assert_close, assert_same_params};
 
 /// Three SGD steps and three Adam steps on uneven batches, wrapped and bare, from the same
 /// parameters.
+///
+/// Adam's first steps move every parameter by about its learning rate whatever the size of
+/// its gradient, so a gradient within rounding of zero moves it one way or the other: in
+/// 16-bit floats, where the shards' sums round apart from the whole batch's, each Adam step may
+/// put a parameter two learning rates apart. There Adam takes a rate that keeps three such
+/// steps within the 16-bit tolerance.
 pub fn sgd_and_adam_steps_match_the_bare_model(devices: &[Device]) {
     let device = &devices[0];
+    let adam_rate = match burn::tensor::Tensor::<1>::zeros([1], device).dtype() {
+        DType::F16 | DType::BF16 => 1e-3,
+        _ => 1e-2,
+    };
     let batches: Vec<_> = [7, 9, 5]
         .into_iter()
         .map(|rows| batch(rows, device))
@@ -34,8 +44,8 @@ pub fn sgd_and_adam_steps_match_the_bare_model(devices: &[Device]) {
             bare = sgd.0.step(0.1, bare, expected);
             dp = sgd.1.step(0.1, dp, found);
         } else {
-            bare = adam.0.step(0.01, bare, expected);
-            dp = adam.1.step(0.01, dp, found);
+            bare = adam.0.step(adam_rate, bare, expected);
+            dp = adam.1.step(adam_rate, dp, found);
         }
     }
     assert_same_params(dp.module(), &bare, 1e-5);
