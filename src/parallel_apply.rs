@@ -26,14 +26,16 @@
 //! stream read a buffer another stream wrote after their last wait (a parameter the optimizer
 //! updated in place, an input written before the hand-off): `upstream/cross_stream.rs`
 //! (`late`) reproduces it. Devices keep streams of their own, so distinct devices still run
-//! at the same time.
+//! at the same time; replicas that share a device take turns, since their operations would
+//! interleave in that one stream (under Fusion, two replicas on one GPU recording at once
+//! made a step 29 to 38 times the bare model's: `benches/RESULTS.md`).
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 
-use burn::tensor::StreamId;
+use burn::tensor::{Device, StreamId};
 
 use crate::error::{BoxError, DataParallelError};
 
@@ -92,12 +94,48 @@ impl Workers {
         Ok(Self { lanes })
     }
 
-    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`,
-    /// and returns the results in job order: all at once where `at_once`, else one after
-    /// the other (module docs).
+    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`
+    /// for `devices[j]`, and returns the results in job order: where `at_once`, the jobs of
+    /// distinct devices at once and those of one device in turn, else all one after the other
+    /// (module docs).
     ///
     /// Every job has run to completion (or to its panic) when this returns.
     pub(crate) fn apply<M, I, O, F>(
+        &self,
+        jobs: Vec<(usize, M, I)>,
+        devices: &[Device],
+        f: &F,
+        at_once: bool,
+    ) -> Vec<Result<O, Failure>>
+    where
+        M: Send,
+        I: Send,
+        O: Send,
+        F: Fn(&M, I) -> Result<O, BoxError> + Sync,
+    {
+        let rounds = rounds(devices);
+        let last = rounds.iter().copied().max().unwrap_or(0);
+        if !at_once || last == 0 {
+            return self.dispatch(jobs, f, at_once);
+        }
+        let mut results: Vec<_> = (0..jobs.len()).map(|_| None).collect();
+        let mut jobs: Vec<_> = jobs.into_iter().map(Some).collect();
+        for round in 0..=last {
+            let indices: Vec<usize> = (0..jobs.len()).filter(|&j| rounds[j] == round).collect();
+            let batch = (indices.iter()).filter_map(|&j| jobs[j].take()).collect();
+            for (j, result) in indices.into_iter().zip(self.dispatch(batch, f, true)) {
+                results[j] = Some(result);
+            }
+        }
+        (results.into_iter())
+            .map(|result| result.unwrap_or(Err(Failure::Lost)))
+            .collect()
+    }
+
+    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`,
+    /// and returns the results in job order: all at once where `at_once`, else one after
+    /// the other.
+    fn dispatch<M, I, O, F>(
         &self,
         jobs: Vec<(usize, M, I)>,
         f: &F,
@@ -149,6 +187,13 @@ impl Workers {
             .map(|result| result.take().unwrap_or(Err(Failure::Lost)))
             .collect()
     }
+}
+
+/// The round of each job, jobs on `devices`: round `r` holds the `r`-th job of every device.
+fn rounds<T: PartialEq>(devices: &[T]) -> Vec<usize> {
+    (0..devices.len())
+        .map(|j| devices[..j].iter().filter(|d| **d == devices[j]).count())
+        .collect()
 }
 
 /// The number of jobs of one [`Workers::apply`] call still outstanding.
@@ -218,5 +263,48 @@ where
         Ok(Ok(output)) => Ok(output),
         Ok(Err(error)) => Err(Failure::Failed(error)),
         Err(payload) => Err(Failure::Panicked(payload)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn each_device_s_jobs_are_rounds_apart() {
+        assert_eq!(rounds(&[0, 0, 1, 1, 0]), [0, 1, 0, 1, 2]);
+        assert_eq!(rounds(&[0, 1, 2]), [0, 0, 0]);
+        assert_eq!(rounds::<u8>(&[]), [] as [usize; 0]);
+    }
+
+    /// Jobs of one device never overlap; the results come back in job order.
+    #[test]
+    fn replicas_of_one_device_take_turns() {
+        let devices = vec![Device::flex(); 4];
+        let workers = Workers::new(devices.len()).unwrap();
+        let jobs = (0..devices.len()).map(|j| (j, (), j)).collect();
+        let spans = Mutex::new(Vec::new());
+        let f = |_: &(), j: usize| {
+            let start = Instant::now();
+            std::thread::sleep(Duration::from_millis(20));
+            spans.lock().unwrap().push((j, start, Instant::now()));
+            Ok(j * 10)
+        };
+        let results = workers.apply(jobs, &devices, &f, true);
+        let values: Vec<usize> = results.into_iter().map(|r| r.ok().unwrap()).collect();
+        assert_eq!(values, [0, 10, 20, 30]);
+        let spans = spans.into_inner().unwrap();
+        for (i, (j, start, end)) in spans.iter().enumerate() {
+            for (k, other_start, other_end) in &spans[i + 1..] {
+                if devices[*j] == devices[*k] {
+                    assert!(
+                        end <= other_start || other_end <= start,
+                        "jobs {j} and {k} of one device overlapped"
+                    );
+                }
+            }
+        }
     }
 }

@@ -186,7 +186,7 @@ where
         }
         Ok((result, elapsed))
     };
-    let results = workers.apply(jobs, &timed, at_once);
+    let results = workers.apply(jobs, shards.devices(), &timed, at_once);
     if let Some(recording) = recording.as_mut() {
         recording.end_replicas();
     }
