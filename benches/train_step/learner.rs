@@ -128,21 +128,14 @@ fn spread(values: &[f64]) -> (f64, f64) {
 /// One configuration in a child process: its samples per second, `None` if it failed or
 /// ran past [`LIMIT`].
 fn spawn(args: &Args, model: &str, config: &str, count: usize, replicas: usize) -> Option<f64> {
-    let devices: Vec<String> = std::env::args()
-        .skip_while(|a| a != "--devices")
-        .nth(1)
-        .into_iter()
-        .collect();
     let mut command = Command::new(std::env::current_exe().ok()?);
     command
         .args(["learner-child", "--models", model, "--config", config])
         .args(["--count", &count.to_string()])
         .args(["--steps", &args.steps.to_string()])
         .args(["--batch", &args.rows(model, replicas).to_string()])
+        .args(["--devices", &args.devices.text])
         .stdout(Stdio::piped());
-    if let Some(list) = devices.first() {
-        command.args(["--devices", list]);
-    }
     if let Some(sizes) = args.sizes {
         command.args(["--sizes", &format!("{sizes:?}").to_lowercase()]);
     }
@@ -178,45 +171,24 @@ pub fn child(args: &Args) {
     let features = Net::features(model, sizes);
     let clock = Clock::default();
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let samples_per_s = match args.config.as_str() {
-        "bare" => train(
-            net,
-            ExecutionStrategy::SingleDevice(main),
-            rows,
-            features,
-            args.steps,
-            dir.path(),
-            &clock,
-        ),
-        "dp" => {
-            let dp = DataParallel::new(net, devices).expect("the devices exist");
-            train(
-                dp,
-                ExecutionStrategy::SingleDevice(main),
-                rows,
-                features,
-                args.steps,
-                dir.path(),
-                &clock,
-            )
-        }
+    // MultiDevice takes one batch per device a step: the same rows a step as the others.
+    let (strategy, rows, batches) = match args.config.as_str() {
+        "bare" | "dp" => (ExecutionStrategy::SingleDevice(main), rows, args.steps),
         optim => {
             let optim = match optim {
                 "main" => MultiDeviceOptim::OptimMainDevice,
                 _ => MultiDeviceOptim::OptimSharded,
             };
-            // One batch per device a step: the same rows a step as the others.
-            let per_device = rows / args.count;
-            train(
-                net,
-                ExecutionStrategy::MultiDevice(devices, optim),
-                per_device,
-                features,
-                args.steps * args.count,
-                dir.path(),
-                &clock,
-            )
+            let strategy = ExecutionStrategy::MultiDevice(devices.clone(), optim);
+            (strategy, rows / args.count, args.steps * args.count)
         }
+    };
+    let samples_per_s = match args.config.as_str() {
+        "dp" => {
+            let dp = DataParallel::new(net, devices).expect("the devices exist");
+            train(dp, strategy, rows, features, batches, dir.path(), &clock)
+        }
+        _ => train(net, strategy, rows, features, batches, dir.path(), &clock),
     };
     println!("samples/s {samples_per_s}");
 }

@@ -35,7 +35,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn_dataparallel::DeviceList;
+use burn_dataparallel::{DeviceList, ParseDeviceError};
 use clap::{Parser, ValueEnum};
 
 mod cold;
@@ -65,7 +65,7 @@ struct Args {
     mode: Mode,
     /// The devices replicas cycle over; the first holds the model and the batch.
     #[arg(long, default_value = "cpu")]
-    devices: DeviceList,
+    devices: Devices,
     /// Models to run, comma-separated (`mlp`, `resnet18`).
     #[arg(long, value_delimiter = ',', default_value = "mlp,resnet18")]
     models: Vec<String>,
@@ -102,6 +102,33 @@ struct Args {
     cold_replicas: usize,
 }
 
+/// `--devices`: the list, and the text it was parsed from (for `learner`'s child processes).
+#[derive(Clone, Debug)]
+struct Devices {
+    text: String,
+    list: DeviceList,
+}
+
+impl std::str::FromStr for Devices {
+    type Err = ParseDeviceError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let list = text.parse()?;
+        Ok(Self {
+            text: text.to_string(),
+            list,
+        })
+    }
+}
+
+impl std::ops::Deref for Devices {
+    type Target = DeviceList;
+
+    fn deref(&self) -> &DeviceList {
+        &self.list
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
 enum SizeChoice {
     Small,
@@ -132,7 +159,7 @@ impl Args {
 
     /// The device list of `replicas` replicas (autodiff on).
     fn replica_devices(&self, replicas: usize) -> Vec<burn::tensor::Device> {
-        let devices = self.devices.clone().autodiff();
+        let devices = self.devices.list.clone().autodiff();
         (0..replicas)
             .map(|i| devices[i % devices.len()].clone())
             .collect()
