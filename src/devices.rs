@@ -193,6 +193,29 @@ pub(crate) fn check_present(devices: &[Device]) -> Result<(), DataParallelError>
     Ok(())
 }
 
+/// Whether `device` is one of Burn's CPU backends (Flex, NdArray), which run each operation
+/// as it is recorded: replicas sharing it can record at once, with no stream to share
+/// (`parallel_apply.rs`). Other devices, and these without this crate's feature for them,
+/// answer `false`.
+pub(crate) fn runs_as_recorded(device: &Device) -> bool {
+    #[cfg(any(feature = "flex", feature = "ndarray"))]
+    {
+        use burn::backend::DispatchDevice;
+        let plain = device.clone().inner();
+        #[cfg(feature = "flex")]
+        if matches!(plain.as_dispatch(), DispatchDevice::Flex(_)) {
+            return true;
+        }
+        #[cfg(feature = "ndarray")]
+        if matches!(plain.as_dispatch(), DispatchDevice::NdArray(_)) {
+            return true;
+        }
+    }
+    #[cfg(not(any(feature = "flex", feature = "ndarray")))]
+    let _ = device;
+    false
+}
+
 fn flex() -> Option<Device> {
     #[cfg(feature = "flex")]
     return Some(Device::flex());
@@ -323,5 +346,18 @@ mod tests {
         assert_eq!(devices.into_vec(), vec![Device::flex(); 2]);
         let devices: DeviceList = "cpu".parse::<DeviceList>().unwrap().autodiff();
         assert!(devices[0].is_autodiff());
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_runs_operations_as_recorded() {
+        assert!(runs_as_recorded(&Device::flex()));
+        assert!(runs_as_recorded(&Device::flex().autodiff()));
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_cubecl_device_does_not() {
+        assert!(!runs_as_recorded(&wgpu(Some(None)).unwrap()));
     }
 }

@@ -26,9 +26,11 @@
 //! stream read a buffer another stream wrote after their last wait (a parameter the optimizer
 //! updated in place, an input written before the hand-off): `upstream/cross_stream.rs`
 //! (`late`) reproduces it. Devices keep streams of their own, so distinct devices still run
-//! at the same time; replicas that share a device take turns, since their operations would
+//! at the same time; replicas that share a GPU take turns, since their operations would
 //! interleave in that one stream (under Fusion, two replicas on one GPU recording at once
-//! made a step 29 to 38 times the bare model's: `benches/RESULTS.md`).
+//! made a step 29 to 38 times the bare model's: `benches/RESULTS.md`). Replicas sharing a
+//! CPU backend (Flex, NdArray), which runs operations as they are recorded, still record at
+//! once.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -37,6 +39,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use burn::tensor::{Device, StreamId};
 
+use crate::devices::runs_as_recorded;
 use crate::error::{BoxError, DataParallelError};
 
 /// A job for a lane; the lane catches its panics.
@@ -96,8 +99,8 @@ impl Workers {
 
     /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`
     /// for `devices[j]`, and returns the results in job order: where `at_once`, the jobs of
-    /// distinct devices at once and those of one device in turn, else all one after the other
-    /// (module docs).
+    /// distinct devices (or of one CPU backend) at once and those of one GPU in turn, else all
+    /// one after the other (module docs).
     ///
     /// Every job has run to completion (or to its panic) when this returns.
     pub(crate) fn apply<M, I, O, F>(
@@ -113,7 +116,27 @@ impl Workers {
         O: Send,
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
-        let rounds = rounds(devices);
+        let turns: Vec<Option<&Device>> = (devices.iter())
+            .map(|device| (!runs_as_recorded(device)).then_some(device))
+            .collect();
+        self.in_rounds(jobs, &rounds(&turns), f, at_once)
+    }
+
+    /// [`apply`](Self::apply)'s work: where `at_once`, the jobs of round 0 at once, then those
+    /// of round 1, and so on (`rounds[j]` is job `j`'s), else all one after the other.
+    fn in_rounds<M, I, O, F>(
+        &self,
+        jobs: Vec<(usize, M, I)>,
+        rounds: &[usize],
+        f: &F,
+        at_once: bool,
+    ) -> Vec<Result<O, Failure>>
+    where
+        M: Send,
+        I: Send,
+        O: Send,
+        F: Fn(&M, I) -> Result<O, BoxError> + Sync,
+    {
         let last = rounds.iter().copied().max().unwrap_or(0);
         if !at_once || last == 0 {
             return self.dispatch(jobs, f, at_once);
@@ -189,10 +212,14 @@ impl Workers {
     }
 }
 
-/// The round of each job, jobs on `devices`: round `r` holds the `r`-th job of every device.
-fn rounds<T: PartialEq>(devices: &[T]) -> Vec<usize> {
+/// The round of each job: round `r` holds the `r`-th job of every device that takes turns
+/// (`Some`); jobs of devices that need none (`None`) are all in round 0.
+fn rounds<T: PartialEq>(devices: &[Option<T>]) -> Vec<usize> {
     (0..devices.len())
-        .map(|j| devices[..j].iter().filter(|d| **d == devices[j]).count())
+        .map(|j| match &devices[j] {
+            None => 0,
+            Some(_) => devices[..j].iter().filter(|d| **d == devices[j]).count(),
+        })
         .collect()
 }
 
@@ -274,17 +301,25 @@ mod tests {
 
     #[test]
     fn each_device_s_jobs_are_rounds_apart() {
-        assert_eq!(rounds(&[0, 0, 1, 1, 0]), [0, 1, 0, 1, 2]);
-        assert_eq!(rounds(&[0, 1, 2]), [0, 0, 0]);
-        assert_eq!(rounds::<u8>(&[]), [] as [usize; 0]);
+        let rounds_of = |keys: &[Option<u8>]| rounds(keys);
+        assert_eq!(
+            rounds_of(&[Some(0), Some(0), Some(1), Some(1), Some(0)]),
+            [0, 1, 0, 1, 2]
+        );
+        assert_eq!(rounds_of(&[Some(0), Some(1), Some(2)]), [0, 0, 0]);
+        assert_eq!(
+            rounds_of(&[None, None, Some(0), None, Some(0)]),
+            [0, 0, 0, 0, 1]
+        );
+        assert_eq!(rounds_of(&[]), [] as [usize; 0]);
     }
 
-    /// Jobs of one device never overlap; the results come back in job order.
+    /// Jobs of different rounds never overlap; the results come back in job order.
     #[test]
-    fn replicas_of_one_device_take_turns() {
-        let devices = vec![Device::flex(); 4];
-        let workers = Workers::new(devices.len()).unwrap();
-        let jobs = (0..devices.len()).map(|j| (j, (), j)).collect();
+    fn rounds_run_one_after_the_other() {
+        let rounds = [0, 1, 0, 1];
+        let workers = Workers::new(rounds.len()).unwrap();
+        let jobs = (0..rounds.len()).map(|j| (j, (), j)).collect();
         let spans = Mutex::new(Vec::new());
         let f = |_: &(), j: usize| {
             let start = Instant::now();
@@ -292,16 +327,16 @@ mod tests {
             spans.lock().unwrap().push((j, start, Instant::now()));
             Ok(j * 10)
         };
-        let results = workers.apply(jobs, &devices, &f, true);
+        let results = workers.in_rounds(jobs, &rounds, &f, true);
         let values: Vec<usize> = results.into_iter().map(|r| r.ok().unwrap()).collect();
         assert_eq!(values, [0, 10, 20, 30]);
         let spans = spans.into_inner().unwrap();
         for (i, (j, start, end)) in spans.iter().enumerate() {
             for (k, other_start, other_end) in &spans[i + 1..] {
-                if devices[*j] == devices[*k] {
+                if rounds[*j] != rounds[*k] {
                     assert!(
                         end <= other_start || other_end <= start,
-                        "jobs {j} and {k} of one device overlapped"
+                        "jobs {j} and {k} of different rounds overlapped"
                     );
                 }
             }
