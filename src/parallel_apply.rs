@@ -27,10 +27,9 @@
 //! updated in place, an input written before the hand-off): `upstream/cross_stream.rs`
 //! (`late`) reproduces it. Devices keep streams of their own, so distinct devices still run
 //! at the same time; replicas that share a GPU take turns, since their operations would
-//! interleave in that one stream (under Fusion, two replicas on one GPU recording at once
-//! made a step 29 to 38 times the bare model's: `benches/RESULTS.md`). Replicas sharing a
-//! CPU backend (Flex, NdArray), which runs operations as they are recorded, still record at
-//! once.
+//! interleave in that one stream, and under Fusion every step would fuse and compile new
+//! blocks (`benches/RESULTS.md` has what it cost). Replicas sharing a CPU backend (Flex,
+//! NdArray), which runs operations as they are recorded, still record at once.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
