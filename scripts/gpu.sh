@@ -10,7 +10,8 @@
 #                                     # in a fresh process, logs in LOG_DIR
 #   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
 #                                     # its Learner comparison, cold starts and devices of
-#                                     # different speeds (BENCH_MODES: loop learner cold mix)
+#                                     # different speeds (BENCH_MODES: loop learner cold mix;
+#                                     # cold: COLD_MODELS, COLD_REPLICAS, DRIVER_CACHE)
 #   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
 #                                     # against Tensor::cat and a copy), then torch.cat's
 #                                     # figures for the same cases (benches/concat/torch_cat.py)
@@ -18,8 +19,9 @@
 #                                     # cross-stream controls, UPSTREAM_ROUNDS rounds each)
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
-#                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time;
-#                                     # counts the failures, keeps their logs
+#                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time,
+#                                     # none started after REPEAT_SECONDS; counts the
+#                                     # failures, keeps their logs
 #
 # LISTS (space-separated DeviceLists) defaults to "cuda:0,cuda:0 cuda:0,cpu cuda:0,cuda:0,cuda:0":
 # replicas sharing the GPU, the GPU with the CPU (Flex), three replicas. RUNS repeats the
@@ -129,10 +131,14 @@ bench() {
             cold)
                 # A fresh process each, twice: on an empty kernel cache, then on the cache
                 # the first left (CubeCL keeps one in target/environment with Burn's
-                # `persistence` feature; without it, both runs are cold).
-                for model in mlp resnet18; do
-                    for replicas in 0 1 2; do
+                # `persistence` feature; without it, both runs are cold). The CUDA driver
+                # keeps its own cache of the PTX it has compiled (CUDA_CACHE_PATH, here in
+                # target/): DRIVER_CACHE=empty empties it with CubeCL's, to tell the two apart.
+                export CUDA_CACHE_PATH=$PWD/target/cuda-driver-cache
+                for model in ${COLD_MODELS:-mlp resnet18}; do
+                    for replicas in ${COLD_REPLICAS:-0 1 2}; do
                         rm -rf target/environment
+                        [ "${DRIVER_CACHE:-kept}" = kept ] || rm -rf "$CUDA_CACHE_PATH"
                         for cache in empty kept; do
                             echo -n "$cache cache: " >> "$log/bench-cold.log"
                             timeout 300 "$bin" cold --devices "$devices" --models "$model" \
@@ -196,17 +202,22 @@ repeat() {
     timeout 300 "$BUNDLE/bin/suite" --ignored "$filter" --test-threads=1 > "$log/repeat-0.log" 2>&1 \
         && rm "$log/repeat-0.log" || true
     local start; start=$(date +%s%N)
-    # Each process's outcome goes to repeat-outcomes.txt as it ends (a run cut short can
-    # still be counted); a failed one keeps its log.
+    # Each process's outcome goes to repeat-outcomes.txt as it ends; a failed one keeps its
+    # log. None starts after REPEAT_SECONDS (unset: no deadline).
+    local deadline=$(( $(date +%s) + ${REPEAT_SECONDS:-1000000000} ))
+    touch "$log/repeat-outcomes.txt"
     seq 1 "$runs" | xargs -P "${REPEAT_JOBS:-8}" -I{} sh -c \
-        "if timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1; \
+        "[ \$(date +%s) -lt $deadline ] || exit 0; \
+         if timeout 300 '$BUNDLE/bin/suite' --ignored '$filter' --test-threads=1 > '$log/repeat-{}.log' 2>&1; \
          then rm '$log/repeat-{}.log'; echo '{} passed' >> '$log/repeat-outcomes.txt'; \
          else echo '{} FAILED' >> '$log/repeat-outcomes.txt'; fi"
-    local failed; failed=$(grep -c FAILED "$log/repeat-outcomes.txt" || true)
+    local failed ran
+    failed=$(grep -c FAILED "$log/repeat-outcomes.txt" || true)
+    ran=$(wc -l < "$log/repeat-outcomes.txt")
     local took=$(( ($(date +%s%N) - start) / 1000000000 ))
     [ ! -e "$log/repeat-0.log" ] || echo "repeat: the first process (filling the cache) FAILED" \
         | tee -a "$log/summary.txt"
-    echo "repeat $filter on $DATAPARALLEL_DEVICES: $failed of $runs fresh processes failed ($took s, features $(cat "$BUNDLE/features" 2>/dev/null))" \
+    echo "repeat $filter on $DATAPARALLEL_DEVICES: $failed of $ran fresh processes failed ($runs asked) ($took s, features $(cat "$BUNDLE/features" 2>/dev/null))" \
         | tee -a "$log/summary.txt"
 }
 
