@@ -96,39 +96,16 @@ impl Workers {
         Ok(Self { lanes })
     }
 
-    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`
-    /// for `devices[j]`, and returns the results in job order: where `at_once`, the jobs of
-    /// distinct devices (or of one CPU backend) at once and those of one GPU in turn, else all
-    /// one after the other (module docs).
+    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`,
+    /// the jobs of round 0 at once, then those of round 1, and so on (`rounds[j]` is job
+    /// `j`'s: [`rounds`]), and returns the results in job order.
     ///
     /// Every job has run to completion (or to its panic) when this returns.
     pub(crate) fn apply<M, I, O, F>(
         &self,
         jobs: Vec<(usize, M, I)>,
-        devices: &[Device],
-        f: &F,
-        at_once: bool,
-    ) -> Vec<Result<O, Failure>>
-    where
-        M: Send,
-        I: Send,
-        O: Send,
-        F: Fn(&M, I) -> Result<O, BoxError> + Sync,
-    {
-        let turns: Vec<Option<&Device>> = (devices.iter())
-            .map(|device| (!runs_as_recorded(device)).then_some(device))
-            .collect();
-        self.in_rounds(jobs, &rounds(&turns), f, at_once)
-    }
-
-    /// [`apply`](Self::apply)'s work: where `at_once`, the jobs of round 0 at once, then those
-    /// of round 1, and so on (`rounds[j]` is job `j`'s), else all one after the other.
-    fn in_rounds<M, I, O, F>(
-        &self,
-        jobs: Vec<(usize, M, I)>,
         rounds: &[usize],
         f: &F,
-        at_once: bool,
     ) -> Vec<Result<O, Failure>>
     where
         M: Send,
@@ -137,15 +114,15 @@ impl Workers {
         F: Fn(&M, I) -> Result<O, BoxError> + Sync,
     {
         let last = rounds.iter().copied().max().unwrap_or(0);
-        if !at_once || last == 0 {
-            return self.dispatch(jobs, f, at_once);
+        if last == 0 {
+            return self.at_once(jobs, f);
         }
         let mut results: Vec<_> = (0..jobs.len()).map(|_| None).collect();
         let mut jobs: Vec<_> = jobs.into_iter().map(Some).collect();
         for round in 0..=last {
             let indices: Vec<usize> = (0..jobs.len()).filter(|&j| rounds[j] == round).collect();
             let batch = (indices.iter()).filter_map(|&j| jobs[j].take()).collect();
-            for (j, result) in indices.into_iter().zip(self.dispatch(batch, f, true)) {
+            for (j, result) in indices.into_iter().zip(self.at_once(batch, f)) {
                 results[j] = Some(result);
             }
         }
@@ -154,15 +131,9 @@ impl Workers {
             .collect()
     }
 
-    /// Runs `f(replica, input)` for every job, job `j` on the lane of entry `jobs[j].0`,
-    /// and returns the results in job order: all at once where `at_once`, else one after
-    /// the other.
-    fn dispatch<M, I, O, F>(
-        &self,
-        jobs: Vec<(usize, M, I)>,
-        f: &F,
-        at_once: bool,
-    ) -> Vec<Result<O, Failure>>
+    /// Runs `f(replica, input)` for every job at once, job `j` on the lane of entry
+    /// `jobs[j].0`, and returns the results in job order.
+    fn at_once<M, I, O, F>(&self, jobs: Vec<(usize, M, I)>, f: &F) -> Vec<Result<O, Failure>>
     where
         M: Send,
         I: Send,
@@ -177,8 +148,6 @@ impl Workers {
         let every_job = Wait(outstanding.clone());
         for (index, (entry, replica, input)) in jobs.into_iter().enumerate() {
             *outstanding.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-            // One after the other: waits for this job before the next is queued.
-            let _this_job = (!at_once).then(|| Wait(outstanding.clone()));
             let results = results.clone();
             let done = CountDown(outstanding.clone());
             let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
@@ -211,9 +180,22 @@ impl Workers {
     }
 }
 
-/// The round of each job: round `r` holds the `r`-th job of every device that takes turns
-/// (`Some`); jobs of devices that need none (`None`) are all in round 0.
-fn rounds<T: PartialEq>(devices: &[Option<T>]) -> Vec<usize> {
+/// The round of each job of a step whose jobs run on `devices`, for [`Workers::apply`]:
+/// where `at_once`, every job in round 0 except that the jobs of one GPU take turns (round
+/// `r` holds its `r`-th; module docs); else each job a round of its own, one after the other.
+pub(crate) fn rounds(devices: &[Device], at_once: bool) -> Vec<usize> {
+    if !at_once {
+        return (0..devices.len()).collect();
+    }
+    let turns: Vec<Option<&Device>> = (devices.iter())
+        .map(|device| (!runs_as_recorded(device)).then_some(device))
+        .collect();
+    turn_rounds(&turns)
+}
+
+/// Round `r` holds the `r`-th job of every device that takes turns (`Some`); jobs of
+/// devices that need none (`None`) are all in round 0.
+fn turn_rounds<T: PartialEq>(devices: &[Option<T>]) -> Vec<usize> {
     (0..devices.len())
         .map(|j| match &devices[j] {
             None => 0,
@@ -300,7 +282,7 @@ mod tests {
 
     #[test]
     fn each_device_s_jobs_are_rounds_apart() {
-        let rounds_of = |keys: &[Option<u8>]| rounds(keys);
+        let rounds_of = |keys: &[Option<u8>]| turn_rounds(keys);
         assert_eq!(
             rounds_of(&[Some(0), Some(0), Some(1), Some(1), Some(0)]),
             [0, 1, 0, 1, 2]
@@ -311,6 +293,15 @@ mod tests {
             [0, 0, 0, 0, 1]
         );
         assert_eq!(rounds_of(&[]), [] as [usize; 0]);
+    }
+
+    /// In turn, a round each; replicas sharing the CPU, all at once.
+    #[cfg(feature = "flex")]
+    #[test]
+    fn cpu_replicas_need_no_turns() {
+        let cpu = vec![Device::flex(); 3];
+        assert_eq!(rounds(&cpu, false), [0, 1, 2]);
+        assert_eq!(rounds(&cpu, true), [0, 0, 0]);
     }
 
     /// Jobs of different rounds never overlap; the results come back in job order.
@@ -326,7 +317,7 @@ mod tests {
             spans.lock().unwrap().push((j, start, Instant::now()));
             Ok(j * 10)
         };
-        let results = workers.in_rounds(jobs, &rounds, &f, true);
+        let results = workers.apply(jobs, &rounds, &f);
         let values: Vec<usize> = results.into_iter().map(|r| r.ok().unwrap()).collect();
         assert_eq!(values, [0, 10, 20, 30]);
         let spans = spans.into_inner().unwrap();

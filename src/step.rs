@@ -186,7 +186,8 @@ where
         }
         Ok((result, elapsed))
     };
-    let results = workers.apply(jobs, shards.devices(), &timed, at_once);
+    let rounds = parallel_apply::rounds(shards.devices(), at_once);
+    let results = workers.apply(jobs, &rounds, &timed);
     if let Some(recording) = recording.as_mut() {
         recording.end_replicas();
     }
