@@ -55,9 +55,10 @@ pub struct DataParallelConfig {
     pub loss_reduction: LossReduction,
     /// Whether burn-train's steps wait for the output device before handing their item back.
     /// burn-train reads each item on a metric thread of its own, whose CubeCL stream may read
-    /// the item's buffers before the writes queued to them have run (CubeCL 0.11), so a logged
-    /// loss or accuracy can be wrong (the bare `Learner`'s too; parameters are not affected).
-    /// The wait costs the overlap of a step's device work with the next step's launches.
+    /// the item's buffers before the writes queued to them have run (`upstream/cross_stream.rs`
+    /// in the repository), so a logged loss or accuracy can be wrong (the bare `Learner`'s
+    /// too; parameters are not affected). The wait costs the overlap of a step's device work
+    /// with the next step's launches.
     #[config(default = true)]
     pub sync_learner_steps: bool,
 }
