@@ -1,5 +1,6 @@
 //! `learner`: burn-train's `SupervisedTraining` with the bare model, the wrapper and
-//! `MultiDevice` (both optimizer modes), each configuration a process of its own.
+//! `MultiDevice` (both optimizer modes), and the wrapper in its own loop, each configuration a
+//! process of its own.
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -8,14 +9,14 @@ use std::time::{Duration, Instant};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
-use burn::optim::SgdConfig;
+use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
 use burn::train::ClassificationOutput;
 use burn::train::logger::TrainingProgressLogger;
 use burn::train::metric::LossMetric;
 use burn::train::{ExecutionStrategy, Learner, LearnerModel, MultiDeviceOptim, SupervisedTraining};
 use burn::train::{InferenceStep, TrainStep};
-use burn_dataparallel::DataParallel;
+use burn_dataparallel::{DataParallel, Mean};
 
 use crate::models::{Batch, Net};
 use crate::silent::Silent;
@@ -32,6 +33,11 @@ fn configs(replicas: usize) -> Vec<(String, &'static str, usize)> {
     list.push((
         format!("DataParallel x{replicas} under the Learner"),
         "dp",
+        replicas,
+    ));
+    list.push((
+        format!("DataParallel x{replicas} in its own loop"),
+        "loop",
         replicas,
     ));
     if replicas > 1 {
@@ -188,6 +194,10 @@ pub fn child(args: &Args) {
             let dp = DataParallel::new(net, devices).expect("the devices exist");
             train(dp, strategy, rows, features, batches, dir.path(), &clock)
         }
+        "loop" => {
+            let dp = DataParallel::new(net, devices.clone()).expect("the devices exist");
+            own_loop(dp, rows, features, batches, &devices)
+        }
         _ => train(net, strategy, rows, features, batches, dir.path(), &clock),
     };
     println!("samples/s {samples_per_s}");
@@ -225,6 +235,37 @@ where
         .num_epochs(EPOCHS)
         .launch(Learner::new(model, SgdConfig::new().init(), 0.01));
     clock.samples_per_s()
+}
+
+/// The wrapper in the README's loop, on what the Learner gets: [`EPOCHS`] epochs of
+/// `batches` fresh random batches of `rows` rows, the loss read each step as the Learner's
+/// loss metric reads it; samples per second over the epochs after the first.
+fn own_loop(
+    mut dp: DataParallel<Net>,
+    rows: usize,
+    features: usize,
+    batches: usize,
+    devices: &[Device],
+) -> f64 {
+    let mut optim: ModuleOptimizer = SgdConfig::new().init();
+    let mut timed = Duration::ZERO;
+    for epoch in 0..EPOCHS {
+        let start = Instant::now();
+        for _ in 0..batches {
+            let batch = Batch::random(rows, features, &devices[0]);
+            let Mean(loss) = dp.forward_with(batch, |net, batch| Mean(net.classify(batch).loss));
+            let grads = GradientsParams::from_grads(loss.backward(), &dp);
+            dp = optim.step(0.01, dp, grads);
+            loss.into_scalar::<f32>();
+        }
+        for device in devices {
+            device.sync().expect("the device runs the epoch");
+        }
+        if epoch > 0 {
+            timed += start.elapsed();
+        }
+    }
+    (rows * batches * (EPOCHS - 1)) as f64 / timed.as_secs_f64()
 }
 
 #[derive(Clone)]

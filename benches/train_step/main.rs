@@ -17,10 +17,11 @@
 //! wrapper's stage profile of one step.
 //!
 //! `learner` runs burn-train's `SupervisedTraining` with the bare model, the wrapper, and
-//! `ExecutionStrategy::MultiDevice` with both optimizer modes, each configuration in a
-//! process of its own (a configuration that faults is reported, the others still run), the
-//! configurations alternating for `--rounds` rounds; samples per second over the epochs after
-//! the first.
+//! `ExecutionStrategy::MultiDevice` with both optimizer modes, and the wrapper in its own loop
+//! on the same batches (the loss read each step, as the Learner's loss metric reads it), each
+//! configuration in a process of its own (a configuration that faults is reported, the others
+//! still run), the configurations alternating for `--rounds` rounds; samples per second over
+//! the epochs after the first.
 //!
 //! `mix` runs each distinct device of `--devices` alone and the wrapper over the whole list
 //! with even and with adaptive shards (devices of different speeds: `cuda:0,cpu`).
