@@ -11,7 +11,8 @@
 #   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
 #                                     # its Learner comparison, cold starts and devices of
 #                                     # different speeds (BENCH_MODES: loop learner cold mix;
-#                                     # cold: COLD_MODELS, COLD_REPLICAS, DRIVER_CACHE)
+#                                     # cold: COLD_MODELS, COLD_REPLICAS, DRIVER_CACHE; what
+#                                     # each cold process compiled: records-*.txt)
 #   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
 #                                     # against Tensor::cat and a copy), then torch.cat's
 #                                     # figures for the same cases (benches/concat/torch_cat.py)
@@ -145,6 +146,9 @@ bench() {
                                 --cold-replicas "$replicas" 2>&1 | tail -1 \
                                 | tee -a "$log/bench-cold.log" || true
                         done
+                        # What the two processes compiled and tuned, and what each took.
+                        python3 scripts/kernel-records.py target/environment/*.db \
+                            > "$log/records-$model-x$replicas.txt" 2>&1 || true
                     done
                 done ;;
         esac
