@@ -11,6 +11,7 @@ session): how many kernels were compiled and what that took, the kernel types th
 most, and the tunes. Compilations inside a tune count in both. Plain Python, no packages: the
 database is SQLite, its records CBOR.
 """
+import re
 import sqlite3
 import struct
 import sys
@@ -76,6 +77,13 @@ def _half(raw):
     return struct.unpack(">e", bits.to_bytes(2, "big"))[0]
 
 
+def short(kernel):
+    """A kernel's type without its module paths, cut at 150 characters."""
+    name = re.sub(r"[A-Za-z_0-9]+::", "", kernel)
+    name = re.sub(r"Dynamic(Scalar|Size)<__\w+>, ", "", name)
+    return name if len(name) <= 150 else name[:147] + "..."
+
+
 def seconds(duration):
     """A serde `Duration`: `{secs, nanos}`."""
     return duration["secs"] + duration["nanos"] / 1e9
@@ -127,7 +135,7 @@ def summarize(path):
                     slowest[kernel] = max(slowest[kernel], seconds(r["record"]["duration"]))
             ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
             for kernel, (count, took) in ranked[:12]:
-                print(f"    {count:4d} {took:8.2f} s  {slowest[kernel]:6.2f} s  {kernel}")
+                print(f"    {count:4d} {took:8.2f} s  {slowest[kernel]:6.2f} s  {short(kernel)}")
         if tunes[session]:
             walls = [seconds(r["record"]["wall"]) for r in tunes[session]]
             trials = sum(len(r["record"]["trials"]) for r in tunes[session])
