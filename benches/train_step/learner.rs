@@ -69,7 +69,12 @@ pub fn run(args: &Args) {
     println!("|---|---|---|---|---|---|");
     for model in &args.models {
         for &replicas in &args.replicas {
-            let configs = configs(replicas);
+            let configs: Vec<_> = configs(replicas)
+                .into_iter()
+                .filter(|(_, key, _)| {
+                    args.configs.is_empty() || args.configs.iter().any(|c| c == key)
+                })
+                .collect();
             let mut results: Vec<Vec<Option<f64>>> = vec![Vec::new(); configs.len()];
             for round in 0..args.rounds {
                 for k in 0..configs.len() {
@@ -93,6 +98,7 @@ fn report(
     configs: &[(String, &str, usize)],
     results: &[Vec<Option<f64>>],
 ) {
+    // The ratios are to the first configuration: the bare Learner where it ran.
     let bare = &results[0];
     for ((name, _, _), runs) in configs.iter().zip(results) {
         let done: Vec<f64> = runs.iter().flatten().copied().collect();
@@ -179,7 +185,7 @@ pub fn child(args: &Args) {
     let dir = tempfile::tempdir().expect("a temporary folder");
     // MultiDevice takes one batch per device a step: the same rows a step as the others.
     let (strategy, rows, batches) = match args.config.as_str() {
-        "bare" | "dp" => (ExecutionStrategy::SingleDevice(main), rows, args.steps),
+        "bare" | "dp" | "loop" => (ExecutionStrategy::SingleDevice(main), rows, args.steps),
         optim => {
             let optim = match optim {
                 "main" => MultiDeviceOptim::OptimMainDevice,

@@ -89,7 +89,12 @@ struct Args {
     /// kind unless given.
     #[arg(long)]
     sizes: Option<SizeChoice>,
-    /// `learner-child`: the configuration to run (`bare`, `dp`, `main`, `sharded`).
+    /// `learner`: the configurations to run, comma-separated (`bare`, `dp`, `loop`, `main`,
+    /// `sharded`; all when empty). Ratios are to the first that runs (the bare Learner
+    /// where it does).
+    #[arg(long, value_delimiter = ',')]
+    configs: Vec<String>,
+    /// `learner-child`: the configuration to run (`bare`, `dp`, `loop`, `main`, `sharded`).
     #[arg(long, default_value = "bare")]
     config: String,
     /// `learner-child`: replicas (or MultiDevice workers).
