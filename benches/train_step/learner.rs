@@ -67,6 +67,8 @@ pub fn run(args: &Args) {
         "| model | rows a step | configuration | samples/s: median (range) | vs bare: median (range) | runs that failed |"
     );
     println!("|---|---|---|---|---|---|");
+    // Each wrapper process's profiled step (`stages`), printed after the tables.
+    let mut notes = Vec::new();
     for model in &args.models {
         for &replicas in &args.replicas {
             let configs: Vec<_> = configs(replicas)
@@ -80,7 +82,7 @@ pub fn run(args: &Args) {
                 for k in 0..configs.len() {
                     let i = (k + round) % configs.len();
                     let (name, config, count) = &configs[i];
-                    let result = spawn(args, model, config, *count, replicas);
+                    let result = spawn(args, model, config, *count, replicas, &mut notes);
                     if result.is_none() {
                         eprintln!("{model} {name}, round {round}: failed (its output above)");
                     }
@@ -89,6 +91,9 @@ pub fn run(args: &Args) {
             }
             report(model, args.rows(model, replicas), &configs, &results);
         }
+    }
+    for note in notes {
+        println!("{note}");
     }
 }
 
@@ -139,7 +144,14 @@ fn spread(values: &[f64]) -> (f64, f64) {
 
 /// One configuration in a child process: its samples per second, `None` if it failed or
 /// ran past [`LIMIT`].
-fn spawn(args: &Args, model: &str, config: &str, count: usize, replicas: usize) -> Option<f64> {
+fn spawn(
+    args: &Args,
+    model: &str,
+    config: &str,
+    count: usize,
+    replicas: usize,
+    notes: &mut Vec<String>,
+) -> Option<f64> {
     let mut command = Command::new(std::env::current_exe().ok()?);
     command
         .args(["learner-child", "--models", model, "--config", config])
@@ -167,6 +179,12 @@ fn spawn(args: &Args, model: &str, config: &str, count: usize, replicas: usize) 
     }
     let output = child.wait_with_output().ok()?;
     let text = String::from_utf8_lossy(&output.stdout);
+    // The wrapper's stage profile and gradient sum (`stages`), printed after the table.
+    for line in text.lines() {
+        if line.starts_with("profile ") || line.starts_with("reduce ") {
+            notes.push(format!("{model} {config} x{count}: {line}"));
+        }
+    }
     text.lines()
         .find_map(|line| line.strip_prefix("samples/s ")?.trim().parse().ok())
         .filter(|_| output.status.success())
@@ -197,8 +215,18 @@ pub fn child(args: &Args) {
     };
     let samples_per_s = match args.config.as_str() {
         "dp" => {
-            let dp = DataParallel::new(net, devices).expect("the devices exist");
-            train(dp, strategy, rows, features, batches, dir.path(), &clock)
+            let dp = DataParallel::new(net, devices.clone()).expect("the devices exist");
+            let samples_per_s = train(
+                dp.clone(),
+                strategy,
+                rows,
+                features,
+                batches,
+                dir.path(),
+                &clock,
+            );
+            crate::stages::print(&dp, rows, features, &devices);
+            samples_per_s
         }
         "loop" => {
             let dp = DataParallel::new(net, devices.clone()).expect("the devices exist");

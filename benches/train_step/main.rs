@@ -21,7 +21,8 @@
 //! on the same batches (the loss read each step, as the Learner's loss metric reads it), each
 //! configuration in a process of its own (a configuration that faults is reported, the others
 //! still run), the configurations alternating for `--rounds` rounds; samples per second over
-//! the epochs after the first.
+//! the epochs after the first. After its run, the wrapper's process prints one profiled
+//! `TrainStep` (its stages) and its gradient sum's rate against a copy between its devices.
 //!
 //! `mix` runs each distinct device of `--devices` alone and the wrapper over the whole list
 //! with even and with adaptive shards (devices of different speeds: `cuda:0,cpu`).
@@ -46,6 +47,7 @@ mod models;
 mod own_loop;
 #[path = "../../tests/common/silent.rs"]
 mod silent;
+mod stages;
 
 use models::{CPU_SIZES, GPU_SIZES, Sizes};
 
