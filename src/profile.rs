@@ -177,6 +177,13 @@ impl Recording {
         self.lap();
     }
 
+    /// Ends a step that ran the module itself on its one shard: that time is its one
+    /// replica's.
+    pub(crate) fn end_alone(&mut self) {
+        let lap = self.lap();
+        self.profile.forward = vec![lap];
+    }
+
     /// Sets the replicas' own times, the clock left running.
     pub(crate) fn set_forward(&mut self, times: Vec<Duration>) {
         self.profile.forward = times;

@@ -139,8 +139,20 @@ where
     let workers = match (&settings.workers, direct || parallel_apply::in_replica()) {
         (Some(workers), false) => workers,
         // One shard on the module's device, or a wrapper inside a replica: the module itself,
-        // on the calling thread, as the bare model.
-        _ => return direct_forward(module, settings, input, &f).map(Applied::Direct),
+        // on the calling thread, as the bare model. The first is the wrapper's step, and its
+        // profile says so: one shard, the module's time its one replica's.
+        _ => {
+            let output_device = std::slice::from_ref(&settings.output_device);
+            let mut recording = direct
+                .then(|| settings.profiler.start(shards.sizes(), output_device))
+                .flatten();
+            let output = direct_forward(module, settings, input, &f)?;
+            if let Some(recording) = recording.as_mut() {
+                recording.end_alone();
+            }
+            settings.profiler.keep(recording);
+            return Ok(Applied::Direct(output));
+        }
     };
     // Replicas whose operations cannot merge graphs while they record run at once: Burn's
     // graph race needs a merge (`parallel_apply.rs`).

@@ -15,7 +15,9 @@ use std::time::Duration;
 use burn::module::Module;
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Tensor};
-use burn_dataparallel::{AdaptiveShardsConfig, DataParallel, DataParallelConfig, Mean};
+use burn_dataparallel::{
+    AdaptiveShardsConfig, DataParallel, DataParallelConfig, Mean, StepProfile,
+};
 
 use common::{assert_close, assert_same_params, flex};
 use models::{Mlp, batch};
@@ -47,8 +49,12 @@ impl Slowed {
 
 /// Trains `steps` steps of 64 rows with adaptive shards, entry `i` sleeping `micros[i]` per
 /// row and `fixed[i]` per call, each step's parameters checked against the bare model's; the
-/// last weights.
-fn adaptive_training(micros: [u64; 2], fixed: [u64; 2], steps: usize) -> Vec<f64> {
+/// last weights, and the last step's profile.
+fn adaptive_training(
+    micros: [u64; 2],
+    fixed: [u64; 2],
+    steps: usize,
+) -> (Vec<f64>, Option<StepProfile>) {
     let device = Device::flex().autodiff();
     let mut bare = Slowed {
         mlp: Mlp::new(&device),
@@ -59,6 +65,7 @@ fn adaptive_training(micros: [u64; 2], fixed: [u64; 2], steps: usize) -> Vec<f64
         .with_adaptive_shards(Some(AdaptiveShardsConfig::new()))
         .init(bare.clone(), flex(2))
         .unwrap();
+    dp.set_profiling(true);
     let (mut bare_optim, mut dp_optim) = (SgdConfig::new().init(), SgdConfig::new().init());
     let data = batch(64, &device);
     for _ in 0..steps {
@@ -71,7 +78,7 @@ fn adaptive_training(micros: [u64; 2], fixed: [u64; 2], steps: usize) -> Vec<f64
         dp = dp_optim.step(0.05, dp, found);
         assert_same_params(dp.module(), &bare, 1e-5);
     }
-    dp.adaptive_weights().unwrap()
+    (dp.adaptive_weights().unwrap(), dp.profile())
 }
 
 /// A replica three times slower per row loses rows to the other; the gradients stay the
@@ -80,7 +87,7 @@ fn adaptive_training(micros: [u64; 2], fixed: [u64; 2], steps: usize) -> Vec<f64
 fn rows_move_to_the_faster_replica() {
     let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     common::within(|| {
-        let weights = adaptive_training([300, 900], [0, 0], 12);
+        let (weights, _) = adaptive_training([300, 900], [0, 0], 12);
         assert!(weights[0] > 0.65, "weights {weights:?}");
     });
 }
@@ -90,20 +97,23 @@ fn rows_move_to_the_faster_replica() {
 fn equal_replicas_stay_even() {
     let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     common::within(|| {
-        let weights = adaptive_training([500, 500], [0, 0], 12);
+        let (weights, _) = adaptive_training([500, 500], [0, 0], 12);
         assert!((weights[0] - 0.5).abs() < 0.1, "weights {weights:?}");
     });
 }
 
 /// A replica that costs more a step than the other's whole batch (60 ms a call, where the
-/// batch takes 6.4 ms) is left out: the wrapper then runs the module itself, and the
-/// parameters stay the bare model's throughout.
+/// batch takes 6.4 ms) is left out: the wrapper then runs the module itself, the parameters
+/// stay the bare model's throughout, and the profile is of that last step.
 #[test]
 fn a_replica_that_only_slows_the_step_is_left_out() {
     let _one = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     common::within(|| {
-        let weights = adaptive_training([100, 100], [0, 60_000], 12);
+        let (weights, profile) = adaptive_training([100, 100], [0, 60_000], 12);
         assert_eq!(weights, [1.0, 0.0]);
+        let profile = profile.expect("profiling is on");
+        assert_eq!(profile.shard_sizes, [64], "one shard: the module itself");
+        assert_eq!(profile.forward.len(), 1);
     });
 }
 

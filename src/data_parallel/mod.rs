@@ -228,7 +228,9 @@ impl<M: Module> DataParallel<M> {
         self.settings.profiler.is_enabled()
     }
 
-    /// The stage profile of the last step that ran on replicas with profiling on.
+    /// The stage profile of the last step with profiling on. A step that ran the module itself
+    /// on one shard (one device, or adaptive shards that left every other device out) shows
+    /// that shard, its time the one replica's, and no other stage.
     pub fn profile(&self) -> Option<StepProfile> {
         self.settings.profiler.last()
     }
