@@ -115,27 +115,24 @@ def summarize(path):
         end = max(seconds(r["stamp"]["offset"]) for r in marks)
         print(f"\nsession {session} ({label or 'no label'}): last record {end:.1f} s after its start")
         by_outcome = defaultdict(lambda: [0, 0.0])
-        by_kernel = defaultdict(lambda: [0, 0.0])
+        by_kernel = defaultdict(lambda: [0, 0.0, 0.0])  # count, seconds, slowest
         for r in compiled[session]:
             outcome = r["record"]["outcome"]
             took = seconds(r["record"]["duration"])
             by_outcome[outcome][0] += 1
             by_outcome[outcome][1] += took
             if outcome == "Compiled":
-                by_kernel[r["record"]["kernel"]][0] += 1
-                by_kernel[r["record"]["kernel"]][1] += took
+                kernel = by_kernel[r["record"]["kernel"]]
+                kernel[0] += 1
+                kernel[1] += took
+                kernel[2] = max(kernel[2], took)
         for outcome, (count, took) in sorted(by_outcome.items()):
             print(f"  {outcome}: {count} kernels, {took:.2f} s in all")
         if by_kernel:
             print("  compiled, by kernel type (count, seconds, slowest):")
-            slowest = defaultdict(float)
-            for r in compiled[session]:
-                if r["record"]["outcome"] == "Compiled":
-                    kernel = r["record"]["kernel"]
-                    slowest[kernel] = max(slowest[kernel], seconds(r["record"]["duration"]))
             ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
-            for kernel, (count, took) in ranked[:12]:
-                print(f"    {count:4d} {took:8.2f} s  {slowest[kernel]:6.2f} s  {short(kernel)}")
+            for kernel, (count, took, slowest) in ranked[:12]:
+                print(f"    {count:4d} {took:8.2f} s  {slowest:6.2f} s  {short(kernel)}")
         if tunes[session]:
             walls = [seconds(r["record"]["wall"]) for r in tunes[session]]
             trials = sum(len(r["record"]["trials"]) for r in tunes[session])
@@ -144,8 +141,7 @@ def summarize(path):
             ranked = sorted(tunes[session], key=lambda r: -seconds(r["record"]["wall"]))
             for r in ranked[:8]:
                 record = r["record"]
-                names = [t["name"].rsplit("::", 1)[-1] for t in record["trials"]]
-                print(f"    {seconds(record['wall']):7.2f} s  {len(names)} candidates  "
+                print(f"    {seconds(record['wall']):7.2f} s  {len(record['trials'])} candidates  "
                       f"{record['table']}  (slowest trial "
                       f"{max((seconds(t['wall']) for t in record['trials']), default=0):.2f} s)")
 
