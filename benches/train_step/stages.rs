@@ -32,8 +32,13 @@ pub fn print(dp: &DataParallel<Net>, rows: usize, features: usize, devices: &[De
     let bytes = dp.num_params() * size_of::<f32>();
     let summed = bytes * (devices.len() - 1);
     let reduce = rate(summed, profile.combine);
-    let mut others: Vec<&Device> = devices.iter().filter(|d| *d != output).collect();
-    others.dedup();
+    // Each other device once: replicas cycle over the devices (`cuda:0,cuda:1,cuda:0,...`).
+    let mut others: Vec<&Device> = Vec::new();
+    for device in devices.iter().filter(|d| *d != output) {
+        if !others.contains(&device) {
+            others.push(device);
+        }
+    }
     let copies: Vec<String> = others
         .iter()
         .map(|device| {
