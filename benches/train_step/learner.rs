@@ -9,16 +9,17 @@ use std::time::{Duration, Instant};
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
-use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
 use burn::train::ClassificationOutput;
 use burn::train::logger::TrainingProgressLogger;
 use burn::train::metric::LossMetric;
 use burn::train::{ExecutionStrategy, Learner, LearnerModel, MultiDeviceOptim, SupervisedTraining};
 use burn::train::{InferenceStep, TrainStep};
-use burn_dataparallel::{DataParallel, Mean};
+use burn_dataparallel::DataParallel;
 
 use crate::models::{Batch, Net};
+use crate::own_loop::wrapped_step;
 use crate::silent::Silent;
 use crate::{Args, median};
 
@@ -287,9 +288,8 @@ fn own_loop(
         let start = Instant::now();
         for _ in 0..batches {
             let batch = Batch::random(rows, features, &devices[0]);
-            let Mean(loss) = dp.forward_with(batch, |net, batch| Mean(net.classify(batch).loss));
-            let grads = GradientsParams::from_grads(loss.backward(), &dp);
-            dp = optim.step(0.01, dp, grads);
+            let (stepped, loss) = wrapped_step(dp, batch, &mut optim);
+            dp = stepped;
             loss.into_scalar::<f32>();
         }
         for device in devices {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 use burn_dataparallel::{DataParallel, Mean};
 
 use crate::models::{Batch, Net};
@@ -80,18 +80,24 @@ impl Trained {
                 let grads = GradientsParams::from_grads(loss.backward(), &net);
                 Trained::Bare(optim.step(0.01, net, grads))
             }
-            Trained::Wrapped(dp) => {
-                let Mean(loss) =
-                    dp.forward_with(batch.clone(), |net, batch| Mean(net.classify(batch).loss));
-                let grads = GradientsParams::from_grads(loss.backward(), &dp);
-                Trained::Wrapped(optim.step(0.01, dp, grads))
-            }
+            Trained::Wrapped(dp) => Trained::Wrapped(wrapped_step(dp, batch.clone(), optim).0),
         };
         for device in devices {
             device.sync().expect("the device runs the step");
         }
         stepped
     }
+}
+
+/// One SGD step of the wrapper in the README's loop: the stepped wrapper, and the loss.
+pub fn wrapped_step(
+    dp: DataParallel<Net>,
+    batch: Batch,
+    optim: &mut ModuleOptimizer,
+) -> (DataParallel<Net>, Tensor<1>) {
+    let Mean(loss) = dp.forward_with(batch, |net, batch| Mean(net.classify(batch).loss));
+    let grads = GradientsParams::from_grads(loss.backward(), &dp);
+    (optim.step(0.01, dp, grads), loss)
 }
 
 pub fn run(args: &Args) {
