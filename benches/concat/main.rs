@@ -1,9 +1,10 @@
 //! The gather's concatenation on one device against Burn's `Tensor::cat` and a plain copy of
-//! the same bytes.
+//! the same bytes; with `--split`, the scatter's split into contiguous pieces against Burn's.
 //!
 //! ```sh
 //! cargo bench --bench concat                                       # CPU (Flex)
 //! cargo bench --features cuda,fusion,autotune --bench concat -- --device cuda:0
+//! cargo bench --features cuda,autotune --bench concat -- --device cuda:0 --split
 //! ```
 //!
 //! For every total size and count of inputs, three operations on the same inputs alternate
@@ -15,11 +16,18 @@
 //! operations on one input (element-wise ones, `cat`) into one kernel that reads it once.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
 //! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
+//!
+//! With `--split` the first two operations are `scatter` (`Scatter::scatter` of one tensor
+//! into `parts` pieces along its columns, all on the device: the crate's kernel, one launch
+//! writing contiguous pieces) and `split` (Burn's `split_with_sizes`, each piece then copied
+//! by `add_scalar` into a contiguous tensor, as a replica's first operation or a move to
+//! another device would: Burn's slices along the columns are strided views). Splits along
+//! rows are views in both and cost no copy.
 
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
-use burn_dataparallel::{DeviceList, Gather, Shards};
+use burn_dataparallel::{DeviceList, Gather, Scatter, Shards};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -43,6 +51,9 @@ struct Args {
     /// Calls per sample.
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Split one tensor along its columns instead of concatenating.
+    #[arg(long)]
+    split: bool,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -52,18 +63,23 @@ struct Args {
 enum Op {
     Gather,
     Cat,
+    Scatter,
+    Split,
     Copy,
 }
 
-const OPS: [Op; 3] = [Op::Gather, Op::Cat, Op::Copy];
-
 /// One call of `op` on `inputs` (gathered along dim 0) or on `whole` (their rows in one
-/// tensor).
-fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Tensor<2> {
+/// tensor; split along its columns by `shards`).
+fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec<Tensor<2>> {
     match op {
-        Op::Gather => Gather::gather(inputs.to_vec(), shards).expect("same shapes"),
-        Op::Cat => Tensor::cat(inputs.to_vec(), 0),
-        Op::Copy => whole.clone().add_scalar(1.0),
+        Op::Gather => vec![Gather::gather(inputs.to_vec(), shards).expect("same shapes")],
+        Op::Cat => vec![Tensor::cat(inputs.to_vec(), 0)],
+        Op::Scatter => Scatter::scatter(whole.clone(), shards),
+        Op::Split => (whole.clone().split_with_sizes(shards.sizes().to_vec(), 1))
+            .into_iter()
+            .map(|piece| piece.add_scalar(1.0))
+            .collect(),
+        Op::Copy => vec![whole.clone().add_scalar(1.0)],
     }
 }
 
@@ -74,7 +90,7 @@ fn sample(op: Op, inputs: &Inputs, shards: &Shards, iters: usize) -> Duration {
     let device = inputs.wholes[0].device();
     device.sync().expect("the device answers");
     let start = Instant::now();
-    let outputs: Vec<Tensor<2>> = (0..iters)
+    let outputs: Vec<Vec<Tensor<2>>> = (0..iters)
         .map(|k| {
             let k = k % inputs.wholes.len();
             call(op, &inputs.pieces[k], &inputs.wholes[k], shards)
@@ -132,27 +148,41 @@ fn main() {
         "device {device:?}, {} rounds of {} calls",
         args.rounds, args.iters
     );
+    let (ops, names) = match args.split {
+        false => (
+            [Op::Gather, Op::Cat, Op::Copy],
+            ["gather", "cat", "g/cat", "g/copy"],
+        ),
+        true => (
+            [Op::Scatter, Op::Split, Op::Copy],
+            ["scatter", "split", "s/split", "s/copy"],
+        ),
+    };
     println!(
         "{:>10} {:>5} | {:>22} {:>22} {:>22} | {:>8} {:>8}",
         "KiB",
         "parts",
-        "gather ms (range) GB/s",
-        "cat ms (range) GB/s",
+        format!("{} ms (range) GB/s", names[0]),
+        format!("{} ms (range) GB/s", names[1]),
         "copy ms (range) GB/s",
-        "g/cat",
-        "g/copy"
+        names[2],
+        names[3]
     );
     for &kib in &args.sizes_kib {
         for &parts in &args.parts {
             let inputs = inputs(kib * 1024, parts, args.cols, args.iters, &device);
             let [rows, cols] = inputs.wholes[0].dims();
             let bytes = 2.0 * (rows * cols * 4) as f64;
-            let shards = Shards::new(parts, &vec![device.clone(); parts], None, 0, device.clone());
-            let mut times: Vec<Vec<Duration>> = vec![Vec::new(); OPS.len()];
+            let devices = vec![device.clone(); parts];
+            let shards = match args.split {
+                false => Shards::new(parts, &devices, None, 0, device.clone()),
+                true => Shards::new(cols, &devices, None, 1, device.clone()),
+            };
+            let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ops.len()];
             for round in 0..=args.rounds {
-                for k in 0..OPS.len() {
-                    let index = (k + round) % OPS.len();
-                    let time = sample(OPS[index], &inputs, &shards, args.iters);
+                for k in 0..ops.len() {
+                    let index = (k + round) % ops.len();
+                    let time = sample(ops[index], &inputs, &shards, args.iters);
                     if round > 0 {
                         times[index].push(time);
                     }

@@ -1,9 +1,18 @@
-//! [`ConcatOps`] under Burn's autodiff: the forward runs the inner backend's kernel, the
-//! backward slices the output's gradient back into each input's part.
+//! [`ShardOps`] under Burn's autodiff: the forwards run the inner backend's, and each one's
+//! backward is the other. A concatenation's backward slices the output's gradient back into
+//! each input's part; a split's concatenates the pieces' gradients into the input's (zeros
+//! for a piece the loss does not reach), in one launch where Burn's own slices would add a
+//! zero-filled gradient of the whole input per piece.
 //!
 //! Burn's public `Backward` takes its inputs as an array of a size known when compiling, so
 //! the concatenation is written for 2 to 16 inputs (a replica's output each), chosen by the
 //! inputs' count; more inputs than that take Burn's own `float_cat`.
+//!
+//! A split has several outputs where Burn's `Backward` has one: it is recorded as an identity
+//! operation (`Collect`) whose output each piece (`Piece`) is taken from. A piece's backward
+//! leaves its gradient in a slot shared with `Collect`, whose backward runs after every
+//! piece's (Burn runs a graph's steps deepest first, and the pieces are one deeper) and
+//! concatenates them. This leans on that order, which `tests/suite/scatter.rs` checks.
 
 use burn::backend::Backend;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -15,9 +24,13 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, TensorMetadata};
 use burn::tensor::Slice;
 
-use super::ConcatOps;
+use std::sync::{Arc, Mutex};
 
-impl<B: Backend + ConcatOps, C: CheckpointStrategy> ConcatOps for Autodiff<B, C> {
+use burn::tensor::Shape;
+
+use super::ShardOps;
+
+impl<B: Backend + ShardOps, C: CheckpointStrategy> ShardOps for Autodiff<B, C> {
     fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
         macro_rules! by_count {
             ($($n:literal)*) => {
@@ -28,6 +41,127 @@ impl<B: Backend + ConcatOps, C: CheckpointStrategy> ConcatOps for Autodiff<B, C>
             };
         }
         by_count!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    }
+
+    fn split(tensor: FloatTensor<Self>, sizes: &[usize], dim: usize) -> Vec<FloatTensor<Self>> {
+        let shapes = (sizes.iter())
+            .map(|&size| {
+                let mut shape = tensor.primitive().shape();
+                shape[dim] = size;
+                shape
+            })
+            .collect();
+        let state = Collected {
+            slots: Arc::new(Mutex::new(vec![None; sizes.len()])),
+            shapes,
+            dim,
+        };
+        let slots = state.slots.clone();
+        let node = tensor.node();
+        let primitive = tensor.into_primitive();
+        let collected = match <Collect as Backward<B, 1>>::prepare::<C>(Collect, [node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, primitive),
+            OpsKind::UnTracked(prep) => prep.finish(primitive),
+        };
+        let pieces = B::split(collected.primitive().clone(), sizes, dim);
+        (pieces.into_iter().enumerate())
+            .map(|(index, piece)| {
+                match <Piece as Backward<B, 1>>::prepare::<C>(Piece, [collected.node()])
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => {
+                        let slot = Slot {
+                            slots: slots.clone(),
+                            index,
+                        };
+                        prep.finish(slot, piece)
+                    }
+                    OpsKind::UnTracked(prep) => prep.finish(piece),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The gradients of a split's pieces, each left by its piece's backward.
+type Slots<B> = Arc<Mutex<Vec<Option<FloatTensor<B>>>>>;
+
+/// The identity operation a split's pieces are taken from; its backward concatenates their
+/// gradients.
+#[derive(Debug)]
+struct Collect;
+
+/// What [`Collect`]'s backward needs: the pieces' gradients, their shapes and the dimension.
+#[derive(Debug)]
+struct Collected<B: Backend> {
+    slots: Slots<B>,
+    shapes: Vec<Shape>,
+    dim: usize,
+}
+
+impl<B: Backend> Clone for Collected<B> {
+    fn clone(&self) -> Self {
+        Self {
+            slots: self.slots.clone(),
+            shapes: self.shapes.clone(),
+            dim: self.dim,
+        }
+    }
+}
+
+impl<B: Backend + ShardOps> Backward<B, 1> for Collect {
+    type State = Collected<B>;
+
+    fn backward(self, ops: Ops<Collected<B>, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let Collected { slots, shapes, dim } = ops.state;
+        let pieces = std::mem::take(&mut *slots.lock().expect("a split's gradient slots"));
+        let [Some(parent)] = ops.parents else {
+            return;
+        };
+        let Some(first) = pieces.iter().flatten().next() else {
+            return;
+        };
+        let (device, dtype) = (first.device(), first.dtype());
+        let pieces = (pieces.into_iter().zip(shapes))
+            .map(|(grad, shape)| {
+                grad.unwrap_or_else(|| B::float_zeros(shape, &device, dtype.into()))
+            })
+            .collect();
+        grads.register::<B>(parent.id, B::concat(pieces, dim));
+    }
+}
+
+/// One piece of a split: its backward leaves its gradient in its slot for [`Collect`].
+#[derive(Debug)]
+struct Piece;
+
+/// Where a piece's gradient goes.
+#[derive(Debug)]
+struct Slot<B: Backend> {
+    slots: Slots<B>,
+    index: usize,
+}
+
+impl<B: Backend> Clone for Slot<B> {
+    fn clone(&self) -> Self {
+        Self {
+            slots: self.slots.clone(),
+            index: self.index,
+        }
+    }
+}
+
+impl<B: Backend> Backward<B, 1> for Piece {
+    type State = Slot<B>;
+
+    fn backward(self, ops: Ops<Slot<B>, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let Slot { slots, index } = ops.state;
+        slots.lock().expect("a split's gradient slots")[index] = Some(grad);
     }
 }
 
@@ -66,7 +200,7 @@ impl<B: Backend, const N: usize> Backward<B, N> for ConcatBackward {
     }
 }
 
-fn concat_n<B: Backend + ConcatOps, C: CheckpointStrategy, const N: usize>(
+fn concat_n<B: Backend + ShardOps, C: CheckpointStrategy, const N: usize>(
     tensors: Vec<FloatTensor<Autodiff<B, C>>>,
     dim: usize,
 ) -> FloatTensor<Autodiff<B, C>> {

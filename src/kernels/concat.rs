@@ -18,11 +18,15 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
 
-use super::ConcatOps;
+use super::ShardOps;
 
-impl ConcatOps for CubeBackend {
+impl ShardOps for CubeBackend {
     fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
         concat(tensors, dim)
+    }
+
+    fn split(tensor: FloatTensor<Self>, sizes: &[usize], dim: usize) -> Vec<FloatTensor<Self>> {
+        super::split::split(tensor, sizes, dim)
     }
 }
 
@@ -54,7 +58,7 @@ fn concat_kernel<E: Numeric, N: Size>(
 /// piece, the column within it and the piece's width. The pieces' count is a compile-time
 /// constant, so the walk is unrolled.
 #[cube]
-fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
+pub(super) fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
     let mut piece = 0usize;
     let mut offset = column;
     let mut width = 0usize;
@@ -77,7 +81,7 @@ fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
 
 /// The widest vector (in elements) that divides every width and that the device loads in one
 /// instruction for elements of `elem_size` bytes.
-fn vector_size(client: &Client, elem_size: usize, widths: &[usize]) -> usize {
+pub(super) fn vector_size(client: &Client, elem_size: usize, widths: &[usize]) -> usize {
     client
         .io_optimized_vector_sizes(elem_size)
         .filter(|&size| widths.iter().all(|width| width.is_multiple_of(size)))
@@ -120,6 +124,18 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         .collect();
     if tensors.len() == 1 {
         return tensors.into_iter().next().expect("one tensor");
+    }
+    // A launch binds each input, the output and the metadata, and devices bound the bindings
+    // of a launch (wgpu: its storage buffers, 8 to 31): more inputs are joined in groups
+    // first.
+    let most = (client.properties().hardware.max_bindings as usize)
+        .saturating_sub(2)
+        .max(2);
+    if tensors.len() > most {
+        let groups = tensors
+            .chunks(most)
+            .map(|group| concat(group.to_vec(), dim));
+        return concat(groups.collect(), dim);
     }
     let output = empty_device_contiguous_dtype(client.clone(), device, shape.clone().into(), dtype);
     if tensors.is_empty() || output.meta.num_elements() == 0 {

@@ -1,41 +1,56 @@
 //! The crate's kernels, as a Burn backend extension: [`concat`] joins any number of tensors
-//! in one launch where Burn's `CubeBackend` launches a copy per input (the gather's hot path).
+//! in one launch where Burn's `CubeBackend` launches a copy per input (the gather's hot
+//! path), and [`split`] cuts one tensor into pieces in one launch (views where every piece is
+//! one block of it) where Burn's slices launch a copy per piece for pieces that are not.
+//! Under autodiff each is the other's backward.
 //!
-//! [`ConcatOps`] is the extension trait, implemented for each backend the routing reaches:
+//! [`ShardOps`] is the extension trait, implemented for each backend the routing reaches:
 //!
-//! - `concat.rs`: the CubeCL kernel and its launch, for `CubeBackend` (every CubeCL runtime:
-//!   CUDA, wgpu, ...);
-//! - `fusion.rs`: under Burn's Fusion, Fusion's own `cat`, which Fusion fuses with the
-//!   operations around it (a custom operation would end the fused block: it measured slower);
-//! - `autodiff.rs`: the backward, which slices the output's gradient back into the inputs'.
+//! - `concat.rs`, `split.rs`: the CubeCL kernels and their launches, for `CubeBackend`
+//!   (every CubeCL runtime: CUDA, wgpu, ...);
+//! - `fusion.rs`: under Burn's Fusion, Fusion's own `cat` and slices, which Fusion fuses with
+//!   the operations around them (a custom operation would end the fused block: it measured
+//!   slower);
+//! - `host.rs`: on Flex, Burn's own `cat` and slices;
+//! - `autodiff.rs`: the backwards, for every backend above.
 //!
-//! [`concat`] takes each tensor's primitive with Burn's `Tensor::try_into_primitive` for the
-//! backend its device names and wraps the result with `Tensor::from_primitive`. (Burn
-//! 0.22.1's `#[backend_extension]` would generate that routing, but its extension traits
-//! take no `Vec` of tensors.) The kernels are built with the `cuda` or `wgpu` feature (the
-//! `kernels` feature); other backends (Flex, NdArray, remote servers), tensors that are not
-//! float, and tensors on several devices use Burn's `Tensor::cat`.
+//! [`concat`] and [`split`] take each tensor's primitive with Burn's
+//! `Tensor::try_into_primitive` for the backend its device names and wrap the results with
+//! `Tensor::from_primitive`. (Burn 0.22.1's `#[backend_extension]` would generate that
+//! routing, but its extension traits take no `Vec` of tensors.) The kernels are built with
+//! the `cuda` or `wgpu` feature (the `kernels` feature); other backends (NdArray, remote
+//! servers), tensors that are not float, and tensors on several devices use Burn's
+//! `Tensor::cat` and `Tensor::split_with_sizes`.
 
-#[cfg(feature = "kernels")]
+#[cfg(any(feature = "kernels", feature = "flex"))]
 mod autodiff;
 #[cfg(feature = "kernels")]
 mod concat;
 #[cfg(feature = "kernels")]
 mod fusion;
-
+#[cfg(feature = "flex")]
+mod host;
 #[cfg(feature = "kernels")]
-use burn::tensor::Device;
+mod split;
+
 use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
 
 /// The crate's operations on a backend's tensors.
-#[cfg(feature = "kernels")]
-pub(crate) trait ConcatOps: burn::backend::Backend {
+#[cfg(any(feature = "kernels", feature = "flex"))]
+pub(crate) trait ShardOps: burn::backend::Backend {
     /// `tensors` joined along `dim`, as Burn's `float_cat`.
     fn concat(
         tensors: Vec<burn::backend::tensor::FloatTensor<Self>>,
         dim: usize,
     ) -> burn::backend::tensor::FloatTensor<Self>;
+
+    /// `tensor` cut along `dim` into pieces of `sizes`, as Burn's `float_split_with_sizes`.
+    fn split(
+        tensor: burn::backend::tensor::FloatTensor<Self>,
+        sizes: &[usize],
+        dim: usize,
+    ) -> Vec<burn::backend::tensor::FloatTensor<Self>>;
 }
 
 /// `tensors` concatenated along `dim`, with gradients flowing back to each of them: Burn's
@@ -53,85 +68,207 @@ pub(crate) fn concat<const D: usize, K: Basic>(
     tensors: Vec<Tensor<D, K>>,
     dim: usize,
 ) -> Tensor<D, K> {
-    #[cfg(feature = "kernels")]
+    #[cfg(any(feature = "kernels", feature = "flex"))]
     if let Some(first) = tensors.first()
         && tensors.len() > 1
         && first.dtype().is_float()
     {
         let device = first.device();
-        if has_kernels(&device)
+        if route::has_ops(&device)
             && tensors[1..]
                 .iter()
-                .all(|t| same_backend(&t.device(), &device))
+                .all(|t| route::same_backend(&t.device(), &device))
         {
-            let floats = tensors
+            let tensors = tensors
                 .into_iter()
                 .map(|t| Tensor::<D>::from_dispatch(t.into_dispatch()))
                 .collect();
-            let strategy = device.gradient_checkpointing_strategy();
-            return Tensor::from_dispatch(cube::concat(floats, strategy, dim).into_dispatch());
+            let output = route::run(&device, route::Concat { tensors, dim });
+            return Tensor::from_dispatch(output.into_dispatch());
         }
     }
     Tensor::cat(tensors, dim)
 }
 
-/// Whether the crate's kernels run on `device`: a CubeCL device.
-#[cfg(feature = "kernels")]
-fn has_kernels(device: &Device) -> bool {
-    use burn::backend::DispatchDevice;
-    matches!(
-        device.clone().inner().as_dispatch(),
-        DispatchDevice::Cube(_)
-    )
+/// `tensor` split along `dim` into pieces of `sizes`, with gradients flowing back from each:
+/// Burn's `Tensor::split_with_sizes`, whose pieces are views where each is one aligned block
+/// of `tensor` and otherwise come from one kernel launch where the crate has a kernel for the
+/// device. A piece the loss does not reach gets a zero gradient.
+///
+/// # Shapes
+///
+/// - tensor: `[d_0, ..., sum(sizes), ..., d_{D-1}]`, the sum at `dim`
+/// - pieces: `[d_0, ..., sizes[i], ..., d_{D-1}]`
+///
+/// # Panics
+///
+/// If `sizes` does not sum to the size of `dim`.
+pub(crate) fn split<const D: usize, K: Basic>(
+    tensor: Tensor<D, K>,
+    sizes: Vec<usize>,
+    dim: usize,
+) -> Vec<Tensor<D, K>> {
+    #[cfg(any(feature = "kernels", feature = "flex"))]
+    if sizes.len() > 1 && tensor.dtype().is_float() && route::has_ops(&tensor.device()) {
+        let device = tensor.device();
+        let tensor = Tensor::<D>::from_dispatch(tensor.into_dispatch());
+        let pieces = route::run(&device, route::Split { tensor, sizes, dim });
+        return (pieces.into_iter())
+            .map(|piece| Tensor::from_dispatch(piece.into_dispatch()))
+            .collect();
+    }
+    tensor.split_with_sizes(sizes, dim)
 }
 
-/// Whether tensors on `a` and on `b` hold primitives of one backend type: one device, and
-/// one checkpointing strategy where autodiff tracks them (Burn keeps it per tensor).
-#[cfg(feature = "kernels")]
-fn same_backend(a: &Device, b: &Device) -> bool {
-    a == b && a.gradient_checkpointing_strategy() == b.gradient_checkpointing_strategy()
+/// Burn's `split_with_sizes` of a backend: a slice per piece.
+#[cfg(any(feature = "kernels", feature = "flex"))]
+fn by_slices<B: burn::backend::Backend>(
+    tensor: burn::backend::tensor::FloatTensor<B>,
+    sizes: &[usize],
+    dim: usize,
+) -> Vec<burn::backend::tensor::FloatTensor<B>> {
+    use burn::backend::TensorMetadata;
+    use burn::tensor::Slice;
+
+    let shape = tensor.shape();
+    let mut start = 0;
+    (sizes.iter())
+        .map(|&size| {
+            let slices: Vec<Slice> = (0..shape.num_dims())
+                .map(|d| match d == dim {
+                    true => Slice::from(start..start + size),
+                    false => Slice::from(0..shape[d]),
+                })
+                .collect();
+            start += size;
+            B::float_slice(tensor.clone(), &slices)
+        })
+        .collect()
 }
 
 /// The routing from a tensor's device to the backend type that holds its primitive.
-#[cfg(feature = "kernels")]
-mod cube {
+#[cfg(any(feature = "kernels", feature = "flex"))]
+mod route {
     use burn::backend::GradientCheckpointingStrategy;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
-    use burn::backend::{Autodiff, Cube, DispatchKindConversion, DispatchTensor};
-    use burn::tensor::Tensor;
+    use burn::backend::{Autodiff, DispatchDevice, DispatchKindConversion, DispatchTensor};
+    use burn::tensor::{Device, Tensor};
 
-    use super::ConcatOps;
+    use super::ShardOps;
 
-    /// `tensors`, all on one CubeCL device, concatenated by [`ConcatOps`] of the backend the
-    /// device names: Burn's CubeCL backend (under Fusion when Burn's `fusion` feature is on),
-    /// inside autodiff with the tensors' checkpointing `strategy` where autodiff tracks them.
-    pub(super) fn concat<const D: usize>(
-        tensors: Vec<Tensor<D>>,
+    /// Whether the device's backend has [`ShardOps`]: a CubeCL device, or Flex.
+    pub(super) fn has_ops(device: &Device) -> bool {
+        match device.clone().inner().as_dispatch() {
+            #[cfg(feature = "kernels")]
+            DispatchDevice::Cube(_) => true,
+            #[cfg(feature = "flex")]
+            DispatchDevice::Flex(_) => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Whether tensors on `a` and on `b` hold primitives of one backend type: one device,
+    /// and one checkpointing strategy where autodiff tracks them (Burn keeps it per tensor).
+    pub(super) fn same_backend(a: &Device, b: &Device) -> bool {
+        a == b && a.gradient_checkpointing_strategy() == b.gradient_checkpointing_strategy()
+    }
+
+    /// An operation of [`ShardOps`] on the primitives of one backend.
+    pub(super) trait Op {
+        type Output;
+
+        fn on<B: ShardOps>(self) -> Self::Output
+        where
+            DispatchTensor: DispatchKindConversion<B>;
+    }
+
+    /// `op` on the backend `device` names: Burn's CubeCL backend (under Fusion when Burn's
+    /// `fusion` feature is on) or Flex, inside autodiff with the device's checkpointing
+    /// strategy where autodiff tracks its tensors.
+    ///
+    /// # Panics
+    ///
+    /// If the device's backend has no [`ShardOps`] ([`has_ops`] says).
+    pub(super) fn run<O: Op>(device: &Device, op: O) -> O::Output {
+        let strategy = device.gradient_checkpointing_strategy();
+        match device.clone().inner().as_dispatch() {
+            #[cfg(feature = "kernels")]
+            DispatchDevice::Cube(_) => with_strategy::<burn::backend::Cube, O>(strategy, op),
+            #[cfg(feature = "flex")]
+            DispatchDevice::Flex(_) => with_strategy::<burn::backend::Flex, O>(strategy, op),
+            #[allow(unreachable_patterns)]
+            other => unreachable!("no ShardOps for {other:?}"),
+        }
+    }
+
+    fn with_strategy<B: ShardOps, O: Op>(
         strategy: Option<GradientCheckpointingStrategy>,
-        dim: usize,
-    ) -> Tensor<D> {
+        op: O,
+    ) -> O::Output
+    where
+        DispatchTensor: DispatchKindConversion<B>
+            + DispatchKindConversion<Autodiff<B, NoCheckpointing>>
+            + DispatchKindConversion<Autodiff<B, BalancedCheckpointing>>,
+    {
         match strategy {
-            None => on::<Cube, D>(tensors, dim),
+            None => op.on::<B>(),
             Some(GradientCheckpointingStrategy::Disabled) => {
-                on::<Autodiff<Cube, NoCheckpointing>, D>(tensors, dim)
+                op.on::<Autodiff<B, NoCheckpointing>>()
             }
             Some(GradientCheckpointingStrategy::Balanced) => {
-                on::<Autodiff<Cube, BalancedCheckpointing>, D>(tensors, dim)
+                op.on::<Autodiff<B, BalancedCheckpointing>>()
             }
         }
     }
 
-    fn on<B: ConcatOps, const D: usize>(tensors: Vec<Tensor<D>>, dim: usize) -> Tensor<D>
+    fn primitive<B: ShardOps, const D: usize>(
+        tensor: Tensor<D>,
+    ) -> burn::backend::tensor::FloatTensor<B>
     where
         DispatchTensor: DispatchKindConversion<B>,
     {
-        let primitives = tensors
-            .into_iter()
-            .map(|t| {
-                t.try_into_primitive::<B>()
-                    .expect("a tensor on the device's backend")
-            })
-            .collect();
-        Tensor::from_primitive::<B>(B::concat(primitives, dim))
+        tensor
+            .try_into_primitive::<B>()
+            .expect("a tensor on the device's backend")
+    }
+
+    /// [`ShardOps::concat`] of tensors on one device.
+    pub(super) struct Concat<const D: usize> {
+        pub(super) tensors: Vec<Tensor<D>>,
+        pub(super) dim: usize,
+    }
+
+    impl<const D: usize> Op for Concat<D> {
+        type Output = Tensor<D>;
+
+        fn on<B: ShardOps>(self) -> Tensor<D>
+        where
+            DispatchTensor: DispatchKindConversion<B>,
+        {
+            let primitives = self.tensors.into_iter().map(primitive::<B, D>).collect();
+            Tensor::from_primitive::<B>(B::concat(primitives, self.dim))
+        }
+    }
+
+    /// [`ShardOps::split`] of one tensor.
+    pub(super) struct Split<const D: usize> {
+        pub(super) tensor: Tensor<D>,
+        pub(super) sizes: Vec<usize>,
+        pub(super) dim: usize,
+    }
+
+    impl<const D: usize> Op for Split<D> {
+        type Output = Vec<Tensor<D>>;
+
+        fn on<B: ShardOps>(self) -> Vec<Tensor<D>>
+        where
+            DispatchTensor: DispatchKindConversion<B>,
+        {
+            let pieces = B::split(primitive::<B, D>(self.tensor), &self.sizes, self.dim);
+            (pieces.into_iter())
+                .map(Tensor::from_primitive::<B>)
+                .collect()
+        }
     }
 }

@@ -144,7 +144,7 @@ impl<const D: usize, K: Basic + 'static> Scatter for Tensor<D, K> {
     }
 
     fn scatter(self, shards: &Shards) -> Vec<Self> {
-        self.split_with_sizes(shards.sizes().to_vec(), shards.dim())
+        crate::kernels::split(self, shards.sizes().to_vec(), shards.dim())
             .into_iter()
             .zip(shards.devices())
             .map(|(piece, device)| move_to(piece, device))

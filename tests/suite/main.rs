@@ -14,5 +14,6 @@ mod learner_usage;
 mod models;
 mod profile;
 mod record;
+mod scatter;
 mod side_inputs;
 mod training;
