@@ -10,7 +10,8 @@
 #                                     # in a fresh process, logs in LOG_DIR
 #   scripts/gpu.sh bench LOG_DIR      # on the GPU machine: benches/train_step's own loop,
 #                                     # its Learner comparison, cold starts and devices of
-#                                     # different speeds (BENCH_MODES: loop learner cold mix;
+#                                     # different speeds, parameters moved between two devices
+#                                     # (BENCH_MODES: loop learner cold mix, and moves;
 #                                     # cold: COLD_MODELS, COLD_REPLICAS, DRIVER_CACHE; what
 #                                     # each cold process compiled: records-*.txt)
 #   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
@@ -129,6 +130,8 @@ bench() {
                     2>&1 | tee "$log/bench-learner.log" || true ;;
             mix) timeout "${BENCH_LIMIT:-900}" "$bin" mix --devices "${MIX_DEVICES:-cuda:0,cpu}" \
                     --models "${MIX_MODELS:-mlp}" ${BENCH_ARGS:-} 2>&1 | tee "$log/bench-mix.log" || true ;;
+            moves) timeout "${BENCH_LIMIT:-900}" "$bin" moves --devices "${MIX_DEVICES:-cuda:0,cpu}" \
+                    ${BENCH_ARGS:-} 2>&1 | tee "$log/bench-moves.log" || true ;;
             cold)
                 # A fresh process each, twice: on an empty kernel cache, then on the cache
                 # the first left (CubeCL keeps one in target/environment with Burn's

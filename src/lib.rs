@@ -11,7 +11,9 @@
 //! ```text
 //! forward(input):                                   // step.rs
 //!   shards   = scatter(input, devices, dim)         // scatter/: split the batch, move each shard
+//!                                                   //   (kernels/: one launch on CubeCL devices)
 //!   replicas = replicate(module, shard devices)     // replicate.rs: copies of the parameters
+//!                                                   //   (transfer.rs: moved together)
 //!   outputs  = parallel_apply(replicas, shards)     // parallel_apply.rs: one lane per device
 //!   gather(outputs, output_device, dim)             // gather.rs: differentiable concatenation
 //!                                                   //   (kernels/: one launch on CubeCL devices)
@@ -21,7 +23,8 @@
 //!   and user structs (`#[derive(Scatter)]`, or [`impl_scatter!`]); [`Broadcast`] gives a whole tensor to every
 //!   replica; other values ([`Shared`], numbers, strings) go to every replica unchanged.
 //! - [`replicate()`] shares the parameters with replicas on the module's device and moves
-//!   them to other devices with Burn's differentiable `to_device`.
+//!   them to other devices as Burn's differentiable `to_device` does, all of them in one
+//!   transfer where both devices are CubeCL devices or Flex.
 //! - Replicas run on long-lived threads, one *lane* per entry of the device list, so that
 //!   Burn's per-thread state (batch-norm running statistics) stays bounded and correct. A
 //!   panic or error in a replica comes back as a [`DataParallelError`] naming the replica and
@@ -32,10 +35,10 @@
 //! - [`Gather`] concatenates tensors on the output device; [`Mean`] and [`Sum`] combine
 //!   per-replica losses weighted by shard size, so the result is the whole-batch value even
 //!   for uneven shards.
-//! - Gradients: the moves are Burn's own tracked operations and the concatenation a tracked
-//!   operation of the crate's (its backward slices the gradient, as Burn's `cat`), so the
-//!   caller's `backward()` runs every replica's backward and Burn's autodiff adds the
-//!   replicas' gradients of each parameter.
+//! - Gradients: the moves are Burn's own tracked operations and the split and concatenation
+//!   tracked operations of the crate's (each one's backward is the other), so the caller's
+//!   `backward()` runs every replica's backward and Burn's autodiff adds the replicas'
+//!   gradients of each parameter.
 //!
 //! # Which forward to call
 //!

@@ -1,17 +1,20 @@
 //! The replicas' copies of the parameters.
 //!
 //! A replica on the module's own device is the module itself (a clone shares its
-//! parameters). A replica on another device is, for a forward, the module moved there with
-//! Burn's `Module::to_device`, which is differentiable: the backward of each moved parameter
-//! brings its gradient back to the parameter, where Burn's autodiff adds the replicas'
+//! parameters). A replica on another device is, for a forward, the module moved there as
+//! Burn's `Module::to_device` moves it, differentiably: the backward brings each moved
+//! parameter's gradient back to the parameter, where Burn's autodiff adds the replicas'
 //! gradients. For a replica that runs its own backward (burn-train's `TrainStep`), it is the
-//! module forked there: parameters of its own, under the same ids, whose gradients the
-//! wrapper then sums (`train/combine.rs`).
+//! module forked there as by `Module::fork`: parameters of its own, under the same ids,
+//! whose gradients the wrapper then sums (`train/combine.rs`). Either way the parameters
+//! travel together, in one move where the devices allow it (`transfer.rs`).
 
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor};
+
+use crate::transfer::{Tie, move_module};
 
 /// How replicas on other devices than the module's are tied to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +73,12 @@ pub(crate) fn timed_replicas<M: Module>(
             let start = Instant::now();
             let replica = match (home.as_slice(), how) {
                 ([], _) => module.clone(),
-                (_, Replicas::Own) => module.clone().fork(device),
+                ([only], Replicas::Own) if only == device => module.clone().fork(device),
+                (_, Replicas::Own) => move_module(module.clone(), device, Tie::Forked),
                 ([only], _) if only == device => module.clone(),
-                (_, Replicas::Tied | Replicas::TiedInTurn) => module.clone().to_device(device),
+                (_, Replicas::Tied | Replicas::TiedInTurn) => {
+                    move_module(module.clone(), device, Tie::Moved)
+                }
             };
             (replica, start.elapsed())
         })

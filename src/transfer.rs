@@ -1,8 +1,23 @@
 //! Every move of a tensor between devices: Burn's `to_device`, differentiable under autodiff
 //! (its backward moves the gradient back), skipped where the tensor is there already.
+//!
+//! Many tensors that go from one device to another together (a module's parameters, a
+//! replica's gradients) move as one where both devices have the crate's [`ShardOps`]
+//! (CubeCL devices, Flex): concatenated into one buffer, moved, and split back into views
+//! of it (`kernels/`). A move between devices pays per transfer (a synchronisation through
+//! the host, a pair of NCCL calls), so one move of a model's hundred tensors replaces a
+//! hundred. Under autodiff the backward moves the gradients back as one too: the split's
+//! backward concatenates them, the concatenation's slices them.
+//!
+//! [`ShardOps`]: crate::kernels
 
+use std::collections::VecDeque;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::kind::Basic;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Bool, DType, Device, Int, Tensor};
+
+use crate::kernels;
 
 /// `tensor` on `device`.
 pub(crate) fn move_to<const D: usize, K: Basic>(
@@ -13,5 +28,171 @@ pub(crate) fn move_to<const D: usize, K: Basic>(
         tensor
     } else {
         tensor.to_device(device)
+    }
+}
+
+/// `tensors` on `device`, in order: those of one device, one float dtype and one autodiff
+/// state moved as one where [`coalesces`], the others one by one.
+pub(crate) fn move_together(tensors: Vec<Tensor<1>>, device: &Device) -> Vec<Tensor<1>> {
+    let mut groups: Vec<((Device, DType, bool), Vec<usize>)> = Vec::new();
+    for (i, tensor) in tensors.iter().enumerate() {
+        let key = (tensor.device(), tensor.dtype(), tensor.is_tracked());
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    let mut slots: Vec<Option<Tensor<1>>> = tensors.into_iter().map(Some).collect();
+    let mut moved: Vec<Option<Tensor<1>>> = vec![None; slots.len()];
+    for ((from, dtype, _), members) in groups {
+        let mut take = |i: usize| slots[i].take().expect("each tensor once");
+        if members.len() > 1 && dtype.is_float() && coalesces(&from, device) {
+            let parts: Vec<Tensor<1>> = members.iter().map(|&i| take(i)).collect();
+            let sizes = parts.iter().map(|part| part.dims()[0]).collect();
+            let joined = move_to(kernels::concat(parts, 0), device);
+            for (i, piece) in members.into_iter().zip(kernels::split(joined, sizes, 0)) {
+                moved[i] = Some(piece);
+            }
+        } else {
+            for i in members {
+                moved[i] = Some(move_to(take(i), device));
+            }
+        }
+    }
+    moved
+        .into_iter()
+        .map(|tensor| tensor.expect("every tensor moved"))
+        .collect()
+}
+
+/// Whether tensors going from `from` to `to` move as one: two distinct devices, both with
+/// the crate's `ShardOps` (a concatenation in one launch on the one, views or one launch on
+/// the other). Between host backends without them a move is a copy in memory, as the
+/// concatenation would be.
+fn coalesces(from: &Device, to: &Device) -> bool {
+    from != to && kernels::has_ops(from) && kernels::has_ops(to)
+}
+
+/// How a module's moved parameters are tied to its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tie {
+    /// Burn's `Module::to_device`: the moves are in the autodiff graph.
+    Moved,
+    /// Burn's `Module::fork`: parameters of their own (same ids), leaves of new graphs.
+    Forked,
+}
+
+/// `module` on `device`, as Burn's `Module::to_device` or `Module::fork` (`tie`), its float
+/// parameters moved together ([`move_together`]).
+///
+/// Parameters not yet initialized keep their lazy initialization (retargeted by Burn), and
+/// what Burn moves without a mapper (a plain tensor field) is moved by Burn's own call after.
+pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M {
+    let mut params = Params {
+        device,
+        ids: Vec::new(),
+        flat: Vec::new(),
+        shapes: Vec::new(),
+        requires_grad: Vec::new(),
+        forked: tie == Tie::Forked,
+    };
+    module.visit(&mut params);
+    let Params {
+        ids,
+        flat,
+        shapes,
+        requires_grad,
+        ..
+    } = params;
+    let moved = move_together(flat, device);
+    let mut placed = Placed {
+        device,
+        tie,
+        tensors: (ids.into_iter())
+            .zip(moved.into_iter().zip(shapes).zip(requires_grad))
+            .map(|(id, ((tensor, shape), require))| (id, tensor, shape, require))
+            .collect(),
+    };
+    let module = module.map(&mut placed);
+    match module.devices().as_slice() {
+        [only] if only == device => module,
+        _ => match tie {
+            Tie::Moved => module.to_device(device),
+            Tie::Forked => module.fork(device),
+        },
+    }
+}
+
+/// Whether `param` is one [`move_module`] moves with the others: initialized, elsewhere than
+/// `device`, not empty.
+fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> bool {
+    param.is_initialized() && param.lazy_device() != *device && param.shape().num_elements() > 0
+}
+
+/// The float parameters to move ([`moved_together`]), in the module's order. A parameter
+/// that appears twice (a tied weight) is taken twice: Burn's optimizers update only the
+/// first of them, so the two may hold different values.
+struct Params<'a> {
+    device: &'a Device,
+    ids: Vec<ParamId>,
+    flat: Vec<Tensor<1>>,
+    shapes: Vec<Vec<usize>>,
+    requires_grad: Vec<bool>,
+    forked: bool,
+}
+
+impl ModuleVisitor for Params<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !moved_together(param, self.device) {
+            return;
+        }
+        let value = param.val();
+        self.requires_grad.push(value.is_require_grad());
+        self.shapes.push(value.dims().to_vec());
+        let value = if self.forked { value.detach() } else { value };
+        self.flat.push(value.flatten::<1>(0, D - 1));
+        self.ids.push(param.id);
+    }
+}
+
+/// The moved parameters put in place, in the order [`Params`] took them (a mapper meets the
+/// parameters in a visitor's order); any other parameter is moved by Burn's own call.
+struct Placed<'a> {
+    device: &'a Device,
+    tie: Tie,
+    tensors: VecDeque<(ParamId, Tensor<1>, Vec<usize>, bool)>,
+}
+
+impl ModuleMapper for Placed<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let next = self.tensors.front().map(|(id, ..)| *id);
+        if !moved_together(&param, self.device) || next != Some(param.id) {
+            return match self.tie {
+                Tie::Moved => param.to_device(self.device),
+                Tie::Forked => param.fork(self.device),
+            };
+        }
+        let (_, tensor, shape, require_grad) = self.tensors.pop_front().expect("the next one");
+        let shape: [usize; D] = shape.try_into().expect("the parameter's rank");
+        param.map(|_| {
+            let tensor = tensor.reshape(shape);
+            match (self.tie, require_grad) {
+                (Tie::Moved, _) => tensor,
+                // As Burn's `fork`: a leaf of its own, whatever the move recorded.
+                (Tie::Forked, false) => tensor.detach(),
+                (Tie::Forked, true) => tensor.detach().require_grad(),
+            }
+        })
+    }
+
+    fn map_int<const D: usize>(&mut self, param: Param<Tensor<D, Int>>) -> Param<Tensor<D, Int>> {
+        param.to_device(self.device)
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<D, Bool>>,
+    ) -> Param<Tensor<D, Bool>> {
+        param.to_device(self.device)
     }
 }

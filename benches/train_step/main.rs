@@ -27,6 +27,10 @@
 //! `mix` runs each distinct device of `--devices` alone and the wrapper over the whole list
 //! with even and with adaptive shards (devices of different speeds: `cuda:0,cpu`).
 //!
+//! `moves` times a model's parameters moved between the first two distinct devices of
+//! `--devices` as Burn moves them and as the wrapper does, both ways, with and without the
+//! backward that brings their gradients back (`cuda:0,cpu`).
+//!
 //! `cold` times one fresh process: from the start of `main` to the end of each of the first
 //! steps, and the median of the steps that follow.
 //!
@@ -44,6 +48,7 @@ mod cold;
 mod learner;
 mod mix;
 mod models;
+mod moves;
 mod own_loop;
 #[path = "../../tests/common/silent.rs"]
 mod silent;
@@ -57,6 +62,7 @@ enum Mode {
     Learner,
     Cold,
     Mix,
+    Moves,
     /// One configuration of `learner`, in the process `learner` starts.
     #[value(hide = true)]
     LearnerChild,
@@ -202,5 +208,6 @@ fn main() {
         Mode::LearnerChild => learner::child(&args),
         Mode::Cold => cold::run(&args, start),
         Mode::Mix => mix::run(&args),
+        Mode::Moves => moves::run(&args),
     }
 }

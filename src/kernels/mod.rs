@@ -120,6 +120,17 @@ pub(crate) fn split<const D: usize, K: Basic>(
     tensor.split_with_sizes(sizes, dim)
 }
 
+/// Whether tensors on `device` take the crate's [`ShardOps`]: a CubeCL device, or Flex.
+pub(crate) fn has_ops(device: &burn::tensor::Device) -> bool {
+    #[cfg(any(feature = "kernels", feature = "flex"))]
+    return route::has_ops(device);
+    #[cfg(not(any(feature = "kernels", feature = "flex")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Burn's `split_with_sizes` of a backend: a slice per piece.
 #[cfg(any(feature = "kernels", feature = "flex"))]
 fn by_slices<B: burn::backend::Backend>(

@@ -12,6 +12,7 @@ mod gather;
 mod learner;
 mod learner_usage;
 mod models;
+mod moves;
 mod profile;
 mod record;
 mod scatter;
