@@ -2,14 +2,12 @@
 //! (its backward moves the gradient back), skipped where the tensor is there already.
 //!
 //! Many tensors that go from one device to another together (a module's parameters, a
-//! replica's gradients) move as one where both devices have the crate's [`ShardOps`]
-//! (CubeCL devices, Flex): concatenated into one buffer, moved, and split back into views
-//! of it (`kernels/`). A move between devices pays per transfer (a synchronisation through
+//! replica's gradients) move as one where the target is a CubeCL device and the source a
+//! CubeCL device or Flex: concatenated into one buffer, moved, and split back into views of
+//! it (`kernels/`). A move between devices pays per transfer (a synchronisation through
 //! the host, a pair of NCCL calls), so one move of a model's hundred tensors replaces a
 //! hundred. Under autodiff the backward moves the gradients back as one too: the split's
 //! backward concatenates them, the concatenation's slices them.
-//!
-//! [`ShardOps`]: crate::kernels
 
 use std::collections::VecDeque;
 
@@ -66,11 +64,12 @@ pub(crate) fn move_together(tensors: Vec<Tensor<1>>, device: &Device) -> Vec<Ten
 }
 
 /// Whether tensors going from `from` to `to` move as one: two distinct devices, both with
-/// the crate's `ShardOps` (a concatenation in one launch on the one, views or one launch on
-/// the other). Between host backends without them a move is a copy in memory, as the
-/// concatenation would be.
+/// the crate's `ShardOps`, the target a CubeCL device. The target is where the backward's
+/// concatenation runs (gradients go back the other way), and on Flex a concatenation of a
+/// model's gradients cost more than the transfers it saved (`benches/RESULTS.md`); between
+/// host backends without them a move is a copy in memory, as the concatenation would be.
 fn coalesces(from: &Device, to: &Device) -> bool {
-    from != to && kernels::has_ops(from) && kernels::has_ops(to)
+    from != to && kernels::has_ops(from) && kernels::is_cube(to)
 }
 
 /// How a module's moved parameters are tied to its own.

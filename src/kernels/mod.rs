@@ -131,6 +131,21 @@ pub(crate) fn has_ops(device: &burn::tensor::Device) -> bool {
     }
 }
 
+/// Whether `device` is a CubeCL device (a GPU, or a CubeCL CPU runtime), where the crate's
+/// kernels run.
+pub(crate) fn is_cube(device: &burn::tensor::Device) -> bool {
+    #[cfg(feature = "kernels")]
+    return matches!(
+        device.clone().inner().as_dispatch(),
+        burn::backend::DispatchDevice::Cube(_)
+    );
+    #[cfg(not(feature = "kernels"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Burn's `split_with_sizes` of a backend: a slice per piece.
 #[cfg(any(feature = "kernels", feature = "flex"))]
 fn by_slices<B: burn::backend::Backend>(
