@@ -24,7 +24,7 @@
 //!   replica; other values ([`Shared`], numbers, strings) go to every replica unchanged.
 //! - [`replicate()`] shares the parameters with replicas on the module's device and moves
 //!   them to other devices as Burn's differentiable `to_device` does, all of them in one
-//!   transfer where both devices are CubeCL devices or Flex.
+//!   transfer where the target is a CubeCL device (from another, or from Flex).
 //! - Replicas run on long-lived threads, one *lane* per entry of the device list, so that
 //!   Burn's per-thread state (batch-norm running statistics) stays bounded and correct. A
 //!   panic or error in a replica comes back as a [`DataParallelError`] naming the replica and
