@@ -30,14 +30,10 @@ pub(crate) fn combine<M: Module>(
     module.visit(&mut taken);
     let Taken { grads, flat, .. } = taken;
 
-    let weighted = |grad: Tensor<1>, replica: usize| match weights {
-        Some(weights) => grad.mul_scalar(weights[replica]),
-        None => grad,
-    };
     let mut sums: HashMap<ParamId, Tensor<1>> = HashMap::new();
     for (replica, (ids, grads)) in flat.into_iter().enumerate() {
         for (id, grad) in ids.into_iter().zip(move_together(grads, device)) {
-            let grad = weighted(grad, replica);
+            let grad = weighted(grad, weights, replica);
             let sum = match sums.remove(&id) {
                 Some(sum) => sum + grad,
                 None => grad,
@@ -107,14 +103,19 @@ impl ModuleVisitor for Placed<'_> {
         let total = (self.grads.iter_mut().enumerate())
             .filter_map(|(replica, grads)| {
                 let grad = move_to(grads.remove::<D>(param.id)?, device);
-                Some(match weights {
-                    Some(weights) => grad.mul_scalar(weights[replica]),
-                    None => grad,
-                })
+                Some(weighted(grad, weights, replica))
             })
             .reduce(|sum, grad| sum + grad);
         if let Some(total) = total {
             self.out.register(param.id, total);
         }
+    }
+}
+
+/// `grad` times replica `replica`'s weight, or `grad` without weights.
+fn weighted<const D: usize>(grad: Tensor<D>, weights: Option<&[f64]>, replica: usize) -> Tensor<D> {
+    match weights {
+        Some(weights) => grad.mul_scalar(weights[replica]),
+        None => grad,
     }
 }
