@@ -82,10 +82,11 @@ pub(crate) enum Tie {
 }
 
 /// `module` on `device`, as Burn's `Module::to_device` or `Module::fork` (`tie`), its float
-/// parameters moved together ([`move_together`]).
+/// parameters moved together ([`move_together`]) where they [`coalesce`](coalesces).
 ///
-/// Parameters not yet initialized keep their lazy initialization (retargeted by Burn), and
-/// what Burn moves without a mapper (a plain tensor field) is moved by Burn's own call after.
+/// Other parameters move by Burn's own calls, as they are: those that would move one by
+/// one anyway, those not yet initialized (their lazy initialization retargeted by Burn), and
+/// what Burn moves without a mapper (a plain tensor field, by Burn's call after).
 pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M {
     let mut params = Params {
         device,
@@ -122,10 +123,13 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
     }
 }
 
-/// Whether `param` is one [`move_module`] moves with the others: initialized, elsewhere than
-/// `device`, not empty.
+/// Whether `param` is one [`move_module`] moves with the others: initialized, on a device
+/// from which moves to `device` [`coalesces`], not empty. The others skip the flattening and
+/// reshaping (two more autodiff operations a parameter) that a move together takes.
 fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> bool {
-    param.is_initialized() && param.lazy_device() != *device && param.shape().num_elements() > 0
+    param.is_initialized()
+        && coalesces(&param.lazy_device(), device)
+        && param.shape().num_elements() > 0
 }
 
 /// The float parameters to move ([`moved_together`]), in the module's order. A parameter
