@@ -1,6 +1,7 @@
 //! `learner`: burn-train's `SupervisedTraining` with the bare model, the wrapper and
 //! `MultiDevice` (both optimizer modes), and the wrapper in its own loop, each configuration a
-//! process of its own.
+//! process of its own; with as many distinct CUDA devices as replicas, burn-train's `ddp` too
+//! (NCCL: one GPU cannot hold two of its ranks).
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
+use burn::tensor::distributed::{DistributedConfig, ReduceOperation};
 use burn::train::ClassificationOutput;
 use burn::train::logger::TrainingProgressLogger;
 use burn::train::metric::LossMetric;
@@ -52,8 +54,18 @@ fn configs(replicas: usize) -> Vec<(String, &'static str, usize)> {
             "sharded",
             replicas,
         ));
+        list.push((format!("ddp x{replicas}"), "ddp", replicas));
     }
     list
+}
+
+/// Whether burn-train's `ddp` can run on the first `replicas` devices: distinct CUDA GPUs.
+fn ddp_runs(args: &Args, replicas: usize) -> bool {
+    let devices: Vec<String> = (args.replica_devices(replicas).iter())
+        .map(|device| format!("{device:?}"))
+        .collect();
+    let distinct = (1..devices.len()).all(|i| !devices[..i].contains(&devices[i]));
+    distinct && devices.iter().all(|device| device.contains("Cuda"))
 }
 
 pub fn run(args: &Args) {
@@ -76,6 +88,13 @@ pub fn run(args: &Args) {
                 .into_iter()
                 .filter(|(_, key, _)| {
                     args.configs.is_empty() || args.configs.iter().any(|c| c == key)
+                })
+                .filter(|(name, key, _)| {
+                    let runs = *key != "ddp" || ddp_runs(args, replicas);
+                    if !runs {
+                        println!("{model}: {name} left out (needs {replicas} distinct CUDA GPUs)");
+                    }
+                    runs
                 })
                 .collect();
             let mut results: Vec<Vec<Option<f64>>> = vec![Vec::new(); configs.len()];
@@ -202,15 +221,26 @@ pub fn child(args: &Args) {
     let features = Net::features(model, sizes);
     let clock = Clock::default();
     let dir = tempfile::tempdir().expect("a temporary folder");
-    // MultiDevice takes one batch per device a step: the same rows a step as the others.
+    // MultiDevice and ddp take one batch per device a step: the same rows a step as the others.
     let (strategy, rows, batches) = match args.config.as_str() {
         "bare" | "dp" | "loop" => (ExecutionStrategy::SingleDevice(main), rows, args.steps),
-        optim => {
-            let optim = match optim {
-                "main" => MultiDeviceOptim::OptimMainDevice,
-                _ => MultiDeviceOptim::OptimSharded,
+        other => {
+            let strategy = match other {
+                "main" => ExecutionStrategy::MultiDevice(
+                    devices.clone(),
+                    MultiDeviceOptim::OptimMainDevice,
+                ),
+                "sharded" => {
+                    ExecutionStrategy::MultiDevice(devices.clone(), MultiDeviceOptim::OptimSharded)
+                }
+                // The gradients' mean: each rank's loss is of its own rows.
+                _ => ExecutionStrategy::ddp(
+                    devices.clone(),
+                    DistributedConfig {
+                        all_reduce_op: ReduceOperation::Mean,
+                    },
+                ),
             };
-            let strategy = ExecutionStrategy::MultiDevice(devices.clone(), optim);
             (strategy, rows / args.count, args.steps * args.count)
         }
     };

@@ -17,8 +17,9 @@
 //! wrapper's stage profile of one step.
 //!
 //! `learner` runs burn-train's `SupervisedTraining` with the bare model, the wrapper, and
-//! `ExecutionStrategy::MultiDevice` with both optimizer modes, and the wrapper in its own loop
-//! on the same batches (the loss read each step, as the Learner's loss metric reads it), each
+//! `ExecutionStrategy::MultiDevice` with both optimizer modes (and `ExecutionStrategy::ddp`
+//! where the replicas are distinct CUDA GPUs), and the wrapper in its own loop on the same
+//! batches (the loss read each step, as the Learner's loss metric reads it), each
 //! configuration in a process of its own (a configuration that faults is reported, the others
 //! still run), the configurations alternating for `--rounds` rounds; samples per second over
 //! the epochs after the first. After its run, the wrapper's process prints one profiled
@@ -98,11 +99,11 @@ struct Args {
     #[arg(long)]
     sizes: Option<SizeChoice>,
     /// `learner`: the configurations to run, comma-separated (`bare`, `dp`, `loop`, `main`,
-    /// `sharded`; all when empty). Ratios are to the first that runs (the bare Learner
+    /// `sharded`, `ddp`; all when empty). Ratios are to the first that runs (the bare Learner
     /// where it does).
     #[arg(long, value_delimiter = ',')]
     configs: Vec<String>,
-    /// `learner-child`: the configuration to run (`bare`, `dp`, `loop`, `main`, `sharded`).
+    /// `learner-child`: the configuration to run (`bare`, `dp`, `loop`, `main`, `sharded`, `ddp`).
     #[arg(long, default_value = "bare")]
     config: String,
     /// `learner-child`: replicas (or MultiDevice workers).
