@@ -61,11 +61,23 @@ fn configs(replicas: usize) -> Vec<(String, &'static str, usize)> {
 
 /// Whether burn-train's `ddp` can run on the first `replicas` devices: distinct CUDA GPUs.
 fn ddp_runs(args: &Args, replicas: usize) -> bool {
-    let devices: Vec<String> = (args.replica_devices(replicas).iter())
-        .map(|device| format!("{device:?}"))
-        .collect();
+    let devices = args.replica_devices(replicas);
     let distinct = (1..devices.len()).all(|i| !devices[..i].contains(&devices[i]));
-    distinct && devices.iter().all(|device| device.contains("Cuda"))
+    distinct && devices.iter().all(is_cuda)
+}
+
+#[cfg(feature = "cuda")]
+fn is_cuda(device: &Device) -> bool {
+    use burn::backend::{CubeDevice, DispatchDevice};
+    matches!(
+        device.clone().inner().as_dispatch(),
+        DispatchDevice::Cube(CubeDevice::Cuda(_))
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn is_cuda(_: &Device) -> bool {
+    false
 }
 
 pub fn run(args: &Args) {
