@@ -4,7 +4,6 @@
 //! (NCCL: one GPU cannot hold two of its ranks).
 
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::data::dataloader::DataLoaderBuilder;
@@ -14,19 +13,19 @@ use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
 use burn::tensor::distributed::{DistributedConfig, ReduceOperation};
 use burn::train::ClassificationOutput;
-use burn::train::logger::TrainingProgressLogger;
 use burn::train::metric::LossMetric;
 use burn::train::{ExecutionStrategy, Learner, LearnerModel, MultiDeviceOptim, SupervisedTraining};
 use burn::train::{InferenceStep, TrainStep};
 use burn_dataparallel::DataParallel;
 
+use crate::clock::Clock;
 use crate::models::{Batch, Net};
 use crate::own_loop::wrapped_step;
 use crate::silent::Silent;
 use crate::{Args, median};
 
 /// Epochs per run; the first is the warm-up.
-const EPOCHS: usize = 3;
+pub const EPOCHS: usize = 3;
 /// How long one configuration may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(600);
 
@@ -353,56 +352,4 @@ impl Batcher<usize, Batch> for RandomBatcher {
     fn batch(&self, items: Vec<usize>, device: &Device) -> Batch {
         Batch::random(items.len(), self.features, device)
     }
-}
-
-/// Times the training items as the Learner reports them: `(epoch, when, items so far)`.
-#[derive(Clone, Default)]
-struct Clock {
-    marks: Arc<Mutex<Vec<(usize, Instant, usize)>>>,
-    epoch: Arc<Mutex<(usize, bool)>>,
-}
-
-impl Clock {
-    /// Items per second over every epoch after the first, from each epoch's first reported
-    /// item to its last.
-    fn samples_per_s(&self) -> f64 {
-        let marks = self.marks.lock().unwrap();
-        let (mut items, mut seconds) = (0usize, 0f64);
-        for epoch in 1..EPOCHS {
-            let of: Vec<_> = marks.iter().filter(|m| m.0 == epoch).collect();
-            if let (Some(first), Some(last)) = (of.first(), of.last()) {
-                items += last.2 - first.2;
-                seconds += (last.1 - first.1).as_secs_f64();
-            }
-        }
-        assert!(items > 0, "no timed epoch: more steps needed");
-        items as f64 / seconds
-    }
-}
-
-impl TrainingProgressLogger for Clock {
-    fn start(&mut self, _: usize, _: usize, _: Option<usize>, _: Option<&str>) {}
-    fn update_epoch(&mut self, _epoch: usize) {}
-    fn start_split(&mut self, split: &str, _total_items: usize) {
-        let mut epoch = self.epoch.lock().unwrap();
-        epoch.1 = split.eq_ignore_ascii_case("train");
-    }
-    fn update_split(&mut self, items_processed: usize) {
-        let epoch = self.epoch.lock().unwrap();
-        if epoch.1 {
-            self.marks
-                .lock()
-                .unwrap()
-                .push((epoch.0, Instant::now(), items_processed));
-        }
-    }
-    fn end_split(&mut self) {
-        let mut epoch = self.epoch.lock().unwrap();
-        if epoch.1 {
-            epoch.0 += 1;
-            epoch.1 = false;
-        }
-    }
-    fn end(&mut self) {}
-    fn log_event_training(&mut self, _event: String) {}
 }

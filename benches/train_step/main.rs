@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use burn_dataparallel::{DeviceList, ParseDeviceError};
 use clap::{Parser, ValueEnum};
 
+mod clock;
 mod cold;
 mod learner;
 mod mix;
