@@ -94,7 +94,7 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
         flat: Vec::new(),
         shapes: Vec::new(),
         requires_grad: Vec::new(),
-        forked: tie == Tie::Forked,
+        tie,
     };
     module.visit(&mut params);
     let Params {
@@ -123,13 +123,26 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
     }
 }
 
-/// Whether `param` is one [`move_module`] moves with the others: initialized, on a device
-/// from which moves to `device` [`coalesces`], not empty. The others skip the flattening and
-/// reshaping (two more autodiff operations a parameter) that a move together takes.
-fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> bool {
-    param.is_initialized()
-        && coalesces(&param.lazy_device(), device)
-        && param.shape().num_elements() > 0
+/// Whether `param` is one [`move_module`] moves with the others: initialized, not empty, and
+/// either its move [`coalesces`] or its gradient comes back as a row ([`row_gradient`]). The
+/// others skip the flattening and reshaping (two more autodiff operations a parameter) that a
+/// move together takes.
+fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device, tie: Tie) -> bool {
+    if !param.is_initialized() || param.shape().num_elements() == 0 {
+        return false;
+    }
+    let from = param.lazy_device();
+    coalesces(&from, device)
+        || (tie == Tie::Moved && row_gradient(&from, device) && param.val().is_require_grad())
+}
+
+/// Whether a parameter moved from `from` to `to` is flattened for its gradient's sake, though
+/// the move does not coalesce: its gradient comes back from a host backend to a CubeCL device,
+/// which may lay a tensor out with padded rows (CubeCL's pitched layout on CUDA: a 3x3
+/// convolution's rows of 12 bytes are then written one by one) where a flat gradient is
+/// written in one copy (`benches/RESULTS.md`, the moves between a GPU and the CPU).
+fn row_gradient(from: &Device, to: &Device) -> bool {
+    from != to && kernels::is_cube(from) && !kernels::is_cube(to)
 }
 
 /// The float parameters to move ([`moved_together`]), in the module's order. A parameter
@@ -137,22 +150,25 @@ fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> 
 /// first of them, so the two may hold different values.
 struct Params<'a> {
     device: &'a Device,
+    tie: Tie,
     ids: Vec<ParamId>,
     flat: Vec<Tensor<1>>,
     shapes: Vec<Vec<usize>>,
     requires_grad: Vec<bool>,
-    forked: bool,
 }
 
 impl ModuleVisitor for Params<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if !moved_together(param, self.device) {
+        if !moved_together(param, self.device, self.tie) {
             return;
         }
         let value = param.val();
         self.requires_grad.push(value.is_require_grad());
         self.shapes.push(value.dims().to_vec());
-        let value = if self.forked { value.detach() } else { value };
+        let value = match self.tie {
+            Tie::Moved => value,
+            Tie::Forked => value.detach(),
+        };
         self.flat.push(value.flatten::<1>(0, D - 1));
         self.ids.push(param.id);
     }
@@ -169,7 +185,7 @@ struct Placed<'a> {
 impl ModuleMapper for Placed<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let next = self.tensors.front().map(|(id, ..)| *id);
-        if !moved_together(&param, self.device) || next != Some(param.id) {
+        if !moved_together(&param, self.device, self.tie) || next != Some(param.id) {
             return match self.tie {
                 Tie::Moved => param.to_device(self.device),
                 Tie::Forked => param.fork(self.device),
