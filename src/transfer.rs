@@ -90,15 +90,15 @@ pub(crate) enum Tie {
 pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M {
     let mut params = Params {
         device,
-        ids: Vec::new(),
+        tie,
+        met: VecDeque::new(),
         flat: Vec::new(),
         shapes: Vec::new(),
         requires_grad: Vec::new(),
-        tie,
     };
     module.visit(&mut params);
     let Params {
-        ids,
+        met,
         flat,
         shapes,
         requires_grad,
@@ -108,9 +108,9 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
     let mut placed = Placed {
         device,
         tie,
-        tensors: (ids.into_iter())
-            .zip(moved.into_iter().zip(shapes).zip(requires_grad))
-            .map(|(id, ((tensor, shape), require))| (id, tensor, shape, require))
+        met,
+        tensors: (moved.into_iter().zip(shapes).zip(requires_grad))
+            .map(|((tensor, shape), require)| (tensor, shape, require))
             .collect(),
     };
     let module = module.map(&mut placed);
@@ -145,13 +145,14 @@ fn row_gradient(from: &Device, to: &Device) -> bool {
     from != to && kernels::is_cube(from) && !kernels::is_cube(to)
 }
 
-/// The float parameters to move ([`moved_together`]), in the module's order. A parameter
-/// that appears twice (a tied weight) is taken twice: Burn's optimizers update only the
-/// first of them, so the two may hold different values.
+/// The float parameters to move ([`moved_together`]), in the module's order, and every
+/// float parameter met with whether it is one of them. A parameter that appears twice (a tied
+/// weight) is taken twice: Burn's optimizers update only the first of them, so the two may
+/// hold different values.
 struct Params<'a> {
     device: &'a Device,
     tie: Tie,
-    ids: Vec<ParamId>,
+    met: VecDeque<(ParamId, bool)>,
     flat: Vec<Tensor<1>>,
     shapes: Vec<Vec<usize>>,
     requires_grad: Vec<bool>,
@@ -159,7 +160,9 @@ struct Params<'a> {
 
 impl ModuleVisitor for Params<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if !moved_together(param, self.device, self.tie) {
+        let together = moved_together(param, self.device, self.tie);
+        self.met.push_back((param.id, together));
+        if !together {
             return;
         }
         let value = param.val();
@@ -170,28 +173,36 @@ impl ModuleVisitor for Params<'_> {
             Tie::Forked => value.detach(),
         };
         self.flat.push(value.flatten::<1>(0, D - 1));
-        self.ids.push(param.id);
     }
 }
 
-/// The moved parameters put in place, in the order [`Params`] took them (a mapper meets the
+/// The moved parameters put in place, in the order [`Params`] met them (a mapper meets the
 /// parameters in a visitor's order); any other parameter is moved by Burn's own call.
 struct Placed<'a> {
     device: &'a Device,
     tie: Tie,
-    tensors: VecDeque<(ParamId, Tensor<1>, Vec<usize>, bool)>,
+    met: VecDeque<(ParamId, bool)>,
+    tensors: VecDeque<(Tensor<1>, Vec<usize>, bool)>,
 }
 
 impl ModuleMapper for Placed<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let next = self.tensors.front().map(|(id, ..)| *id);
-        if !moved_together(&param, self.device, self.tie) || next != Some(param.id) {
+        // A parameter the visitor did not meet here (a module whose mapper walks otherwise)
+        // keeps the queue as it is and moves by Burn's call.
+        let together = match self.met.front() {
+            Some(&(id, together)) if id == param.id => {
+                self.met.pop_front();
+                together
+            }
+            _ => false,
+        };
+        if !together {
             return match self.tie {
                 Tie::Moved => param.to_device(self.device),
                 Tie::Forked => param.fork(self.device),
             };
         }
-        let (_, tensor, shape, require_grad) = self.tensors.pop_front().expect("the next one");
+        let (tensor, shape, require_grad) = self.tensors.pop_front().expect("the next one");
         let shape: [usize; D] = shape.try_into().expect("the parameter's rank");
         param.map(|_| {
             let tensor = tensor.reshape(shape);
