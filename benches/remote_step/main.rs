@@ -21,9 +21,9 @@
 use std::time::{Duration, Instant};
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Distribution, Tensor};
-use burn_dataparallel::{DataParallel, DeviceList, Mean};
+use burn_dataparallel::{DataParallel, DeviceList};
 use clap::Parser;
 
 // `benches/train_step`'s models: the MLP here, the rest there.
@@ -33,7 +33,7 @@ mod models;
 #[path = "../../tests/remote/servers.rs"]
 mod servers;
 
-use models::{Batch, Net, Sizes};
+use models::{Batch, Net, Sizes, Trained};
 use servers::Server;
 
 #[derive(Parser, Debug)]
@@ -73,36 +73,6 @@ fn parameter_bytes<M: Module>(module: &M) -> usize {
     let mut count = Count(0);
     module.visit(&mut count);
     count.0
-}
-
-#[allow(clippy::large_enum_variant)] // one value a configuration
-enum Trained {
-    Bare(Net),
-    Wrapped(DataParallel<Net>),
-}
-
-impl Trained {
-    fn step(self, batch: &Batch, optim: &mut ModuleOptimizer) -> Self {
-        let stepped = match self {
-            Trained::Bare(m) => {
-                let loss = m.classify(batch.clone()).loss;
-                let grads = GradientsParams::from_grads(loss.backward(), &m);
-                Trained::Bare(optim.step(0.01, m, grads))
-            }
-            Trained::Wrapped(dp) => {
-                let Mean(loss) = dp.forward_with(batch.clone(), |m, b| Mean(m.classify(b).loss));
-                let grads = GradientsParams::from_grads(loss.backward(), &dp);
-                Trained::Wrapped(optim.step(0.01, dp, grads))
-            }
-        };
-        // Reading the parameters waits for the step, wherever it ran.
-        let module = match &stepped {
-            Trained::Bare(m) => m,
-            Trained::Wrapped(dp) => dp.module(),
-        };
-        parameter_bytes(module);
-        stepped
-    }
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -195,7 +165,13 @@ fn main() {
                 for (i, config) in configs.iter_mut().enumerate() {
                     let before: Vec<(u64, u64)> = servers.iter().map(Server::bytes).collect();
                     let start = Instant::now();
-                    *config = Some(config.take().unwrap().step(&batch, &mut optims[i]));
+                    let stepped = config.take().unwrap().step(&batch, &mut optims[i]);
+                    // Reading the parameters waits for the step, wherever it ran.
+                    parameter_bytes(match &stepped {
+                        Trained::Bare(net) => net,
+                        Trained::Wrapped(dp) => dp.module(),
+                    });
+                    *config = Some(stepped);
                     let took = start.elapsed();
                     if round > 0 {
                         times[i].push(took);

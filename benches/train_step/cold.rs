@@ -5,8 +5,8 @@ use std::time::Instant;
 use burn::optim::{ModuleOptimizer, SgdConfig};
 use burn_dataparallel::DataParallel;
 
-use crate::models::{Batch, Net};
-use crate::own_loop::Trained;
+use crate::models::{Batch, Net, Trained};
+use crate::own_loop::wait;
 use crate::{Args, median, ms};
 
 /// Steps after the first three whose median is the steady step.
@@ -30,16 +30,15 @@ pub fn run(args: &Args, start: Instant) {
         Net::features(model, sizes),
         &output,
     );
-    for device in &devices {
-        device.sync().expect("the device starts");
-    }
+    wait(&devices);
     let ready = start.elapsed();
     let mut optim: ModuleOptimizer = SgdConfig::new().init();
     let mut firsts = Vec::new();
     let mut steady = Vec::new();
     for i in 0..3 + STEADY {
         let step = Instant::now();
-        trained = trained.step(&batch, &mut optim, &devices);
+        trained = trained.step(&batch, &mut optim);
+        wait(&devices);
         match i < 3 {
             true => firsts.push(start.elapsed()),
             false => steady.push(step.elapsed()),

@@ -6,8 +6,9 @@
 use burn::tensor::Device;
 use burn_dataparallel::{AdaptiveShardsConfig, DataParallel, DataParallelConfig};
 
+use crate::models::Trained;
 use crate::models::{Batch, Net};
-use crate::own_loop::{Config, Trained, interleave, range};
+use crate::own_loop::{Config, interleave, range};
 use crate::{Args, median, ms};
 
 /// Steps of the warm-up round, in which the adaptive split settles.

@@ -1,14 +1,16 @@
 //! The bench's two models (a launch-bound MLP and a ResNet-18), their sizes on a GPU and on
-//! the CPU, their batches, and the classifier step burn-train's `Learner` runs.
+//! the CPU, their batches, the classifier step burn-train's `Learner` runs, and the step of
+//! the benches' own loops.
 
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Distribution, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
-use burn_dataparallel::impl_scatter;
+use burn_dataparallel::{DataParallel, Mean, impl_scatter};
 
 pub const CLASSES: usize = 10;
 
@@ -249,4 +251,36 @@ impl InferenceStep for Net {
     fn step(&self, batch: Batch) -> ClassificationOutput {
         self.classify(batch)
     }
+}
+
+/// A model as a bench trains it: bare, or in the wrapper.
+#[allow(clippy::large_enum_variant)] // one value a configuration
+pub enum Trained {
+    Bare(Net),
+    Wrapped(DataParallel<Net>),
+}
+
+impl Trained {
+    /// One SGD step on `batch`, queued (the caller waits for it as its devices allow).
+    pub fn step(self, batch: &Batch, optim: &mut ModuleOptimizer) -> Self {
+        match self {
+            Trained::Bare(net) => {
+                let loss = net.classify(batch.clone()).loss;
+                let grads = GradientsParams::from_grads(loss.backward(), &net);
+                Trained::Bare(optim.step(0.01, net, grads))
+            }
+            Trained::Wrapped(dp) => Trained::Wrapped(wrapped_step(dp, batch.clone(), optim).0),
+        }
+    }
+}
+
+/// One SGD step of the wrapper in the README's loop: the stepped wrapper, and the loss.
+pub fn wrapped_step(
+    dp: DataParallel<Net>,
+    batch: Batch,
+    optim: &mut ModuleOptimizer,
+) -> (DataParallel<Net>, Tensor<1>) {
+    let Mean(loss) = dp.forward_with(batch, |net, batch| Mean(net.classify(batch).loss));
+    let grads = GradientsParams::from_grads(loss.backward(), &dp);
+    (optim.step(0.01, dp, grads), loss)
 }

@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
-use burn::tensor::{Device, Tensor};
-use burn_dataparallel::{DataParallel, Mean};
+use burn::optim::{ModuleOptimizer, SgdConfig};
+use burn::tensor::Device;
+use burn_dataparallel::DataParallel;
 
-use crate::models::{Batch, Net};
+use crate::models::{Batch, Net, Trained};
 use crate::{Args, median, ms};
 
 /// One configuration: the bare model (`replicas == 0`) or the wrapper over `replicas`, its
@@ -54,7 +54,8 @@ pub fn interleave(
             let mut times = Vec::with_capacity(steps);
             for _ in 0..steps {
                 let start = Instant::now();
-                trained = trained.step(&config.batch, &mut config.optim, devices);
+                trained = trained.step(&config.batch, &mut config.optim);
+                wait(devices);
                 times.push(start.elapsed());
             }
             config.model = Some(trained);
@@ -65,39 +66,11 @@ pub fn interleave(
     }
 }
 
-#[allow(clippy::large_enum_variant)] // one value a configuration
-pub enum Trained {
-    Bare(Net),
-    Wrapped(DataParallel<Net>),
-}
-
-impl Trained {
-    /// One SGD step on `batch`, waited for on every device.
-    pub fn step(self, batch: &Batch, optim: &mut ModuleOptimizer, devices: &[Device]) -> Self {
-        let stepped = match self {
-            Trained::Bare(net) => {
-                let loss = net.classify(batch.clone()).loss;
-                let grads = GradientsParams::from_grads(loss.backward(), &net);
-                Trained::Bare(optim.step(0.01, net, grads))
-            }
-            Trained::Wrapped(dp) => Trained::Wrapped(wrapped_step(dp, batch.clone(), optim).0),
-        };
-        for device in devices {
-            device.sync().expect("the device runs the step");
-        }
-        stepped
+/// Waits for everything queued on `devices`.
+pub fn wait(devices: &[Device]) {
+    for device in devices {
+        device.sync().expect("the device runs the step");
     }
-}
-
-/// One SGD step of the wrapper in the README's loop: the stepped wrapper, and the loss.
-pub fn wrapped_step(
-    dp: DataParallel<Net>,
-    batch: Batch,
-    optim: &mut ModuleOptimizer,
-) -> (DataParallel<Net>, Tensor<1>) {
-    let Mean(loss) = dp.forward_with(batch, |net, batch| Mean(net.classify(batch).loss));
-    let grads = GradientsParams::from_grads(loss.backward(), &dp);
-    (optim.step(0.01, dp, grads), loss)
 }
 
 pub fn run(args: &Args) {
@@ -177,7 +150,9 @@ fn run_model(args: &Args, model: &str, output: &Device) {
             continue;
         };
         dp.set_profiling(true);
-        let dp = match Trained::Wrapped(dp).step(&config.batch, &mut config.optim, &all_devices) {
+        let stepped = Trained::Wrapped(dp).step(&config.batch, &mut config.optim);
+        wait(&all_devices);
+        let dp = match stepped {
             Trained::Wrapped(dp) => dp,
             Trained::Bare(_) => unreachable!("a wrapper steps into a wrapper"),
         };
