@@ -85,8 +85,9 @@ pub(crate) enum Tie {
 /// parameters moved together ([`move_together`]) where they [`coalesce`](coalesces).
 ///
 /// Other parameters move by Burn's own calls, as they are: those that would move one by
-/// one anyway, those not yet initialized (their lazy initialization retargeted by Burn), and
-/// what Burn moves without a mapper (a plain tensor field, by Burn's call after).
+/// one anyway, and what Burn moves without a mapper (a plain tensor field, by Burn's call
+/// after). A parameter not yet initialized is initialized where it is, as Burn's own move of
+/// a module's clone would (the clone shares the lazy value, so Burn cannot retarget it).
 pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M {
     let mut params = Params {
         device,
@@ -123,12 +124,12 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
     }
 }
 
-/// Whether `param` is one [`move_module`] moves with the others: initialized, not empty, and
-/// either its move [`coalesces`] or its gradient comes back as a row ([`row_gradient`]). The
-/// others skip the flattening and reshaping (two more autodiff operations a parameter) that a
-/// move together takes.
+/// Whether `param` is one [`move_module`] moves with the others: not empty, and either its
+/// move [`coalesces`] or its gradient comes back as a row ([`row_gradient`]). The others skip
+/// the flattening and reshaping (two more autodiff operations a parameter) that a move
+/// together takes.
 fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device, tie: Tie) -> bool {
-    if !param.is_initialized() || param.shape().num_elements() == 0 {
+    if param.shape().num_elements() == 0 {
         return false;
     }
     let from = param.lazy_device();

@@ -11,13 +11,19 @@ use burn_dataparallel::replicate;
 use crate::common::{assert_same_grads, assert_same_params, params};
 
 /// Twenty-four layers (48 parameters), the first one's weight frozen, initialized (Burn
-/// initializes a parameter when it is first read; until then a move only retargets it).
+/// initializes a parameter when it is first read).
 fn layers(device: &Device) -> Vec<Linear> {
+    let layers = lazy_layers(device);
+    params(&layers);
+    layers
+}
+
+/// [`layers`], not yet initialized.
+fn lazy_layers(device: &Device) -> Vec<Linear> {
     let mut layers: Vec<Linear> = (0..24)
         .map(|_| LinearConfig::new(5, 5).init(device))
         .collect();
     layers[0].weight = layers[0].weight.clone().set_require_grad(false);
-    params(&layers);
     layers
 }
 
@@ -49,6 +55,20 @@ pub fn replicas_hold_the_module_s_parameters(devices: &[Device]) {
     assert_same_grads(&module, &found, &expected, 1e-5);
 }
 
+/// A module whose parameters are not yet initialized: every replica holds the values the
+/// module itself then reads, on its own device, as if it had been initialized first.
+pub fn replicas_of_a_lazy_module_hold_its_values(devices: &[Device]) {
+    let device = &devices[0];
+    let module = lazy_layers(device);
+    let replicas = replicate(&module, devices);
+    for (replica, device) in replicas.iter().zip(devices) {
+        assert_eq!(replica.devices(), vec![device.clone()]);
+        assert_same_params(replica, &module, 0.0);
+    }
+    assert_eq!(module.devices(), vec![device.clone()]);
+}
+
 crate::on_every_device_list!(
     replicas_hold_the_module_s_parameters => super::replicas_hold_the_module_s_parameters,
+    replicas_of_a_lazy_module_hold_its_values => super::replicas_of_a_lazy_module_hold_its_values,
 );
