@@ -124,26 +124,11 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
     }
 }
 
-/// Whether `param` is one [`move_module`] moves with the others: not empty, and either its
-/// move [`coalesces`] or its gradient comes back as a row ([`row_gradient`]). The others skip
-/// the flattening and reshaping (two more autodiff operations a parameter) that a move
-/// together takes.
-fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device, tie: Tie) -> bool {
-    if param.shape().num_elements() == 0 {
-        return false;
-    }
-    let from = param.lazy_device();
-    coalesces(&from, device)
-        || (tie == Tie::Moved && row_gradient(&from, device) && param.val().is_require_grad())
-}
-
-/// Whether a parameter moved from `from` to `to` is flattened for its gradient's sake, though
-/// the move does not coalesce: its gradient comes back from a host backend to a CubeCL device,
-/// which may lay a tensor out with padded rows (CubeCL's pitched layout on CUDA: a 3x3
-/// convolution's rows of 12 bytes are then written one by one) where a flat gradient is
-/// written in one copy (`benches/RESULTS.md`, the moves between a GPU and the CPU).
-fn row_gradient(from: &Device, to: &Device) -> bool {
-    from != to && kernels::is_cube(from) && !kernels::is_cube(to)
+/// Whether `param` is one [`move_module`] moves with the others: on a device from which
+/// moves to `device` [`coalesces`], not empty. The others skip the flattening and reshaping
+/// (two more autodiff operations a parameter) that a move together takes.
+fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> bool {
+    coalesces(&param.lazy_device(), device) && param.shape().num_elements() > 0
 }
 
 /// The float parameters to move ([`moved_together`]), in the module's order, and every
@@ -161,7 +146,7 @@ struct Params<'a> {
 
 impl ModuleVisitor for Params<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let together = moved_together(param, self.device, self.tie);
+        let together = moved_together(param, self.device);
         self.met.push_back((param.id, together));
         if !together {
             return;
