@@ -183,11 +183,12 @@ log_dir() {
 unpack() {
     mkdir -p "$BUNDLE/bin"
     # One archive of several binaries packs smaller than each alone (they share Burn and
-    # LLVM); unpacked once a machine.
+    # LLVM); each archive unpacked once a machine.
     for packed in "$BUNDLE"/*.tar.xz; do
-        if [ -e "$packed" ] && [ ! -e "$BUNDLE/bin/.unpacked" ]; then
+        local mark; mark="$BUNDLE/bin/.unpacked-$(basename "$packed")"
+        if [ -e "$packed" ] && [ ! -e "$mark" ]; then
             tar -C "$BUNDLE/bin" -xJf "$packed"
-            touch "$BUNDLE/bin/.unpacked"
+            touch "$mark"
         fi
     done
     for packed in "$BUNDLE"/*.xz; do
