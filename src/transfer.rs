@@ -94,25 +94,14 @@ pub(crate) fn move_module<M: Module>(module: M, device: &Device, tie: Tie) -> M 
         tie,
         met: VecDeque::new(),
         flat: Vec::new(),
-        shapes: Vec::new(),
-        requires_grad: Vec::new(),
     };
     module.visit(&mut params);
-    let Params {
-        met,
-        flat,
-        shapes,
-        requires_grad,
-        ..
-    } = params;
-    let moved = move_together(flat, device);
+    let Params { met, flat, .. } = params;
     let mut placed = Placed {
         device,
         tie,
         met,
-        tensors: (moved.into_iter().zip(shapes).zip(requires_grad))
-            .map(|((tensor, shape), require)| (tensor, shape, require))
-            .collect(),
+        tensors: move_together(flat, device).into(),
     };
     let module = module.map(&mut placed);
     match module.devices().as_slice() {
@@ -131,29 +120,29 @@ fn moved_together<const D: usize>(param: &Param<Tensor<D>>, device: &Device) -> 
     coalesces(&param.lazy_device(), device) && param.shape().num_elements() > 0
 }
 
-/// The float parameters to move ([`moved_together`]), in the module's order, and every
-/// float parameter met with whether it is one of them. A parameter that appears twice (a tied
-/// weight) is taken twice: Burn's optimizers update only the first of them, so the two may
-/// hold different values.
+/// The float parameters to move ([`moved_together`]), flattened, in the module's order, and
+/// every float parameter met: its id and, where it is one of them, its shape and whether it
+/// requires a gradient. A parameter that appears twice (a tied weight) is taken twice: Burn's
+/// optimizers update only the first of them, so the two may hold different values.
 struct Params<'a> {
     device: &'a Device,
     tie: Tie,
-    met: VecDeque<(ParamId, bool)>,
+    met: VecDeque<(ParamId, Option<Together>)>,
     flat: Vec<Tensor<1>>,
-    shapes: Vec<Vec<usize>>,
-    requires_grad: Vec<bool>,
 }
+
+/// A parameter moved together: its shape, and whether it requires a gradient.
+type Together = (Vec<usize>, bool);
 
 impl ModuleVisitor for Params<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let together = moved_together(param, self.device);
-        self.met.push_back((param.id, together));
-        if !together {
+        if !moved_together(param, self.device) {
+            self.met.push_back((param.id, None));
             return;
         }
         let value = param.val();
-        self.requires_grad.push(value.is_require_grad());
-        self.shapes.push(value.dims().to_vec());
+        let together = (value.dims().to_vec(), value.is_require_grad());
+        self.met.push_back((param.id, Some(together)));
         let value = match self.tie {
             Tie::Moved => value,
             Tie::Forked => value.detach(),
@@ -167,8 +156,8 @@ impl ModuleVisitor for Params<'_> {
 struct Placed<'a> {
     device: &'a Device,
     tie: Tie,
-    met: VecDeque<(ParamId, bool)>,
-    tensors: VecDeque<(Tensor<1>, Vec<usize>, bool)>,
+    met: VecDeque<(ParamId, Option<Together>)>,
+    tensors: VecDeque<Tensor<1>>,
 }
 
 impl ModuleMapper for Placed<'_> {
@@ -176,19 +165,16 @@ impl ModuleMapper for Placed<'_> {
         // A parameter the visitor did not meet here (a module whose mapper walks otherwise)
         // keeps the queue as it is and moves by Burn's call.
         let together = match self.met.front() {
-            Some(&(id, together)) if id == param.id => {
-                self.met.pop_front();
-                together
-            }
-            _ => false,
+            Some((id, _)) if *id == param.id => self.met.pop_front().and_then(|(_, t)| t),
+            _ => None,
         };
-        if !together {
+        let Some((shape, require_grad)) = together else {
             return match self.tie {
                 Tie::Moved => param.to_device(self.device),
                 Tie::Forked => param.fork(self.device),
             };
-        }
-        let (tensor, shape, require_grad) = self.tensors.pop_front().expect("the next one");
+        };
+        let tensor = self.tensors.pop_front().expect("the next one");
         let shape: [usize; D] = shape.try_into().expect("the parameter's rank");
         param.map(|_| {
             let tensor = tensor.reshape(shape);

@@ -19,8 +19,7 @@ use burn::train::{InferenceStep, TrainStep};
 use burn_dataparallel::DataParallel;
 
 use crate::clock::Clock;
-use crate::models::wrapped_step;
-use crate::models::{Batch, Net};
+use crate::models::{Batch, Net, wrapped_step};
 use crate::silent::Silent;
 use crate::{Args, median};
 

@@ -6,8 +6,7 @@
 use burn::tensor::Device;
 use burn_dataparallel::{AdaptiveShardsConfig, DataParallel, DataParallelConfig};
 
-use crate::models::Trained;
-use crate::models::{Batch, Net};
+use crate::models::{Batch, Net, Trained};
 use crate::own_loop::{Config, interleave, range};
 use crate::{Args, median, ms};
 
