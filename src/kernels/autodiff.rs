@@ -5,8 +5,10 @@
 //! zero-filled gradient of the whole input per piece.
 //!
 //! Burn's public `Backward` takes its inputs as an array of a size known when compiling, so
-//! the concatenation is written for 2 to 16 inputs (a replica's output each), chosen by the
-//! inputs' count; more inputs than that take Burn's own `float_cat`.
+//! the concatenation's backward is written for 2 to 16 inputs, chosen by the inputs' count.
+//! More inputs (a model's parameters moved as one) are still joined by one launch, and
+//! recorded as a tree: groups of at most 16, each group a view of the output, the output the
+//! concatenation of the groups. Their backwards slice the gradient twice, into views.
 //!
 //! A split has several outputs where Burn's `Backward` has one: it is recorded as an identity
 //! operation (`Collect`) whose output each piece (`Piece`) is taken from. A piece's backward
@@ -18,7 +20,7 @@ use burn::backend::Backend;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, TensorMetadata};
@@ -32,15 +34,13 @@ use super::ShardOps;
 
 impl<B: Backend + ShardOps, C: CheckpointStrategy> ShardOps for Autodiff<B, C> {
     fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
-        macro_rules! by_count {
-            ($($n:literal)*) => {
-                match tensors.len() {
-                    $($n => concat_n::<B, C, $n>(tensors, dim),)*
-                    _ => <Self as FloatTensorOps<Self>>::float_cat(tensors, dim),
-                }
-            };
+        if tensors.len() < 2 {
+            return <Self as FloatTensorOps<Self>>::float_cat(tensors, dim);
         }
-        by_count!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+        let sizes = tensors.iter().map(|t| t.primitive().shape()[dim]).collect();
+        let (primitives, nodes) = tensors.into_iter().map(|t| t.into_parts()).unzip();
+        let output = B::concat(primitives, dim);
+        record::<B, C>(nodes, sizes, output, dim)
     }
 
     fn split(tensor: FloatTensor<Self>, sizes: &[usize], dim: usize) -> Vec<FloatTensor<Self>> {
@@ -200,19 +200,66 @@ impl<B: Backend, const N: usize> Backward<B, N> for ConcatBackward {
     }
 }
 
-fn concat_n<B: Backend + ShardOps, C: CheckpointStrategy, const N: usize>(
-    tensors: Vec<FloatTensor<Autodiff<B, C>>>,
+/// The most inputs one recorded concatenation has.
+const MOST_PARENTS: usize = 16;
+
+/// `output`, recorded as the concatenation along `dim` of the tensors of `nodes`, whose sizes
+/// along it are `sizes`. More than [`MOST_PARENTS`] are recorded in groups, each a view of
+/// `output`.
+fn record<B: Backend + ShardOps, C: CheckpointStrategy>(
+    nodes: Vec<NodeGuard>,
+    sizes: Vec<usize>,
+    output: FloatTensor<B>,
     dim: usize,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let nodes: [_; N] = tensors
-        .iter()
-        .map(|tensor| tensor.node())
-        .collect::<Vec<_>>()
+    macro_rules! by_count {
+        ($($n:literal)*) => {
+            match nodes.len() {
+                $($n => record_n::<B, C, $n>(nodes, sizes, output, dim),)*
+                _ => unreachable!("at most {MOST_PARENTS} inputs"),
+            }
+        };
+    }
+    if nodes.len() <= MOST_PARENTS {
+        return by_count!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+    }
+    let per_group = nodes.len().div_ceil(MOST_PARENTS);
+    let rank = output.shape().num_dims();
+    let mut nodes = nodes.into_iter();
+    let mut sizes = sizes.into_iter();
+    let mut start = 0;
+    // Each group is kept until the output is recorded: its node must live until then.
+    let mut groups = Vec::new();
+    let mut group_sizes = Vec::new();
+    while nodes.len() > 0 {
+        let members: Vec<NodeGuard> = nodes.by_ref().take(per_group).collect();
+        let member_sizes: Vec<usize> = sizes.by_ref().take(members.len()).collect();
+        let size: usize = member_sizes.iter().sum();
+        let slices: Vec<Slice> = (0..rank)
+            .map(|d| match d == dim {
+                true => Slice::from(start..start + size),
+                false => Slice::from(..),
+            })
+            .collect();
+        let view = B::float_slice(output.clone(), &slices);
+        groups.push(record::<B, C>(members, member_sizes, view, dim));
+        group_sizes.push(size);
+        start += size;
+    }
+    let group_nodes = groups.iter().map(|group| group.node()).collect();
+    record::<B, C>(group_nodes, group_sizes, output, dim)
+}
+
+/// [`record`] for `N` inputs.
+fn record_n<B: Backend + ShardOps, C: CheckpointStrategy, const N: usize>(
+    nodes: Vec<NodeGuard>,
+    sizes: Vec<usize>,
+    output: FloatTensor<B>,
+    dim: usize,
+) -> FloatTensor<Autodiff<B, C>> {
+    let nodes: [NodeGuard; N] = nodes
         .try_into()
-        .unwrap_or_else(|_| unreachable!("called with N tensors"));
-    let sizes = tensors.iter().map(|t| t.primitive().shape()[dim]).collect();
-    let primitives = tensors.into_iter().map(|t| t.into_primitive()).collect();
-    let output = B::concat(primitives, dim);
+        .unwrap_or_else(|_| unreachable!("called with N nodes"));
     match <ConcatBackward as Backward<B, N>>::prepare::<C>(ConcatBackward, nodes)
         .compute_bound()
         .stateful()

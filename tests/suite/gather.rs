@@ -93,8 +93,8 @@ pub fn gathers_strided_pieces(devices: &[Device]) {
     gathers_as_cat(parts, 1, device);
 }
 
-/// More pieces than one tracked concatenation takes (Burn's own then), and integer tensors
-/// (Burn's `cat`).
+/// More pieces than one recorded concatenation takes (recorded in groups), and integer
+/// tensors (Burn's `cat`).
 pub fn gathers_many_pieces_and_integers(devices: &[Device]) {
     let device = &devices[0];
     let many = (0..20)
@@ -114,17 +114,22 @@ pub fn gathers_many_pieces_and_integers(devices: &[Device]) {
 /// and past it.
 pub fn gradients_reach_every_piece(devices: &[Device]) {
     let device = &devices[0];
-    for parts in [2, 3, 8, 16, 17] {
-        gradients_through(parts, device, None);
+    // Past 16 pieces the concatenation is recorded in groups of at most 16.
+    for parts in [2, 3, 8, 16, 17, 40] {
+        gradients_through(parts, 0, device, None);
     }
+    // Pieces without a gradient, the first groups wholly.
+    gradients_through(40, 20, device, None);
     // Burn's checkpointing recomputes some activations in the backward; a gather of
     // checkpointed tensors is another backend type.
-    gradients_through(3, device, Some(GradientCheckpointingStrategy::Balanced));
+    gradients_through(3, 0, device, Some(GradientCheckpointingStrategy::Balanced));
 }
 
-/// The gradients of `parts` pieces through a gather, against `Tensor::cat`'s.
+/// The gradients of `parts` pieces through a gather, against `Tensor::cat`'s; the first
+/// `frozen` pieces need none.
 fn gradients_through(
     parts: usize,
+    frozen: usize,
     device: &Device,
     strategy: Option<GradientCheckpointingStrategy>,
 ) {
@@ -140,7 +145,12 @@ fn gradients_through(
                 } else {
                     [4, 1 + i % 3]
                 };
-                checkpointed(counting(dims, 7 * i, device)).require_grad()
+                let piece = checkpointed(counting(dims, 7 * i, device));
+                if i < frozen {
+                    piece
+                } else {
+                    piece.require_grad()
+                }
             })
             .collect();
         let total: usize = pieces.iter().map(|p| p.dims()[dim]).sum();
@@ -151,6 +161,13 @@ fn gradients_through(
         let found = gradients(Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap());
         for (i, piece) in pieces.iter().enumerate() {
             let (found, expected) = (piece.grad(&found), piece.grad(&expected));
+            if i < frozen {
+                assert!(
+                    found.is_none() && expected.is_none(),
+                    "piece {i} needs none"
+                );
+                continue;
+            }
             let (found, expected) = (found.expect("a gradient"), expected.expect("Burn's"));
             assert_eq!(
                 values(found),
