@@ -224,28 +224,17 @@ fn record<B: Backend + ShardOps, C: CheckpointStrategy>(
         return by_count!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
     }
     let per_group = nodes.len().div_ceil(MOST_PARENTS);
-    let rank = output.shape().num_dims();
+    let members_sizes: Vec<Vec<usize>> = sizes.chunks(per_group).map(<[usize]>::to_vec).collect();
+    let group_sizes: Vec<usize> = members_sizes.iter().map(|s| s.iter().sum()).collect();
+    let views = super::by_slices::<B>(output.clone(), &group_sizes, dim);
     let mut nodes = nodes.into_iter();
-    let mut sizes = sizes.into_iter();
-    let mut start = 0;
     // Each group is kept until the output is recorded: its node must live until then.
-    let mut groups = Vec::new();
-    let mut group_sizes = Vec::new();
-    while nodes.len() > 0 {
-        let members: Vec<NodeGuard> = nodes.by_ref().take(per_group).collect();
-        let member_sizes: Vec<usize> = sizes.by_ref().take(members.len()).collect();
-        let size: usize = member_sizes.iter().sum();
-        let slices: Vec<Slice> = (0..rank)
-            .map(|d| match d == dim {
-                true => Slice::from(start..start + size),
-                false => Slice::from(..),
-            })
-            .collect();
-        let view = B::float_slice(output.clone(), &slices);
-        groups.push(record::<B, C>(members, member_sizes, view, dim));
-        group_sizes.push(size);
-        start += size;
-    }
+    let groups: Vec<_> = (members_sizes.into_iter().zip(views))
+        .map(|(sizes, view)| {
+            let members = nodes.by_ref().take(sizes.len()).collect();
+            record::<B, C>(members, sizes, view, dim)
+        })
+        .collect();
     let group_nodes = groups.iter().map(|group| group.node()).collect();
     record::<B, C>(group_nodes, group_sizes, output, dim)
 }
