@@ -167,6 +167,12 @@ pub use scatter::{Broadcast, Scatter, Shared, merge_batch_size};
 pub use shards::{Shards, shard_sizes};
 pub use warm_up::WarmUp;
 
+/// Not part of the API: what the crate's benches set to compare its ways of working.
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::kernels::{FusionConcat, set_fusion_concat};
+}
+
 /// The README's Rust examples, compiled (and run, where not `no_run`) as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -5,17 +5,20 @@
 //! cargo bench --bench concat                                       # CPU (Flex)
 //! cargo bench --features cuda,fusion,autotune --bench concat -- --device cuda:0
 //! cargo bench --features cuda,autotune --bench concat -- --device cuda:0 --split
+//! cargo bench --features cuda,fusion,autotune --bench concat -- --device cuda:0 --fusion-ways
 //! ```
 //!
 //! For every total size and count of inputs, three operations on the same inputs alternate
 //! (the order rotating each round, after one warm-up round): `gather` (`Gather::gather` of a
-//! `Tensor` on its output device: the crate's kernel on CubeCL devices), `cat`
+//! `Tensor` on its output device: the crate's kernel on CubeCL devices, under Fusion the
+//! kernel or Fusion's `cat` by the crate's rule), `cat`
 //! (`Tensor::cat`), and `copy` (the whole output's bytes read and written once, by
 //! `add_scalar`: the device's copy rate). A sample is `--iters` calls then a device sync,
 //! their outputs kept until after it. Each call reads tensors of its own: Burn's Fusion merges
 //! operations on one input (element-wise ones, `cat`) into one kernel that reads it once.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
 //! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
+//! `--fusion-ways` adds `kernel`, the gather with the crate's kernel forced, after `gather`.
 //!
 //! With `--split` the first two operations are `scatter` (`Scatter::scatter` of one tensor
 //! into `parts` pieces along its columns, all on the device: the crate's kernel, one launch
@@ -27,6 +30,7 @@
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
+use burn_dataparallel::__bench::{FusionConcat, set_fusion_concat};
 use burn_dataparallel::{DeviceList, Gather, Scatter, Shards};
 use clap::Parser;
 
@@ -54,6 +58,10 @@ struct Args {
     /// Split one tensor along its columns instead of concatenating.
     #[arg(long)]
     split: bool,
+    /// Under Fusion: the gather by the crate's rule (`gather`) beside the gather with the
+    /// crate's kernel forced (`kernel`), where the rule may take Fusion's `cat`.
+    #[arg(long)]
+    fusion_ways: bool,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -62,10 +70,25 @@ struct Args {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Op {
     Gather,
+    /// The gather with the crate's kernel forced under Fusion (`--fusion-ways`).
+    Kernel,
     Cat,
     Scatter,
     Split,
     Copy,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Gather => "gather",
+            Op::Kernel => "kernel",
+            Op::Cat => "cat",
+            Op::Scatter => "scatter",
+            Op::Split => "split",
+            Op::Copy => "copy",
+        }
+    }
 }
 
 /// One call of `op` on `inputs` (gathered along dim 0) or on `whole` (their rows in one
@@ -73,6 +96,12 @@ enum Op {
 fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec<Tensor<2>> {
     match op {
         Op::Gather => vec![Gather::gather(inputs.to_vec(), shards).expect("same shapes")],
+        Op::Kernel => {
+            set_fusion_concat(FusionConcat::Kernel);
+            let output = Gather::gather(inputs.to_vec(), shards).expect("same shapes");
+            set_fusion_concat(FusionConcat::Rule);
+            vec![output]
+        }
         Op::Cat => vec![Tensor::cat(inputs.to_vec(), 0)],
         Op::Scatter => Scatter::scatter(whole.clone(), shards),
         Op::Split => (whole.clone().split_with_sizes(shards.sizes().to_vec(), 1))
@@ -148,26 +177,25 @@ fn main() {
         "device {device:?}, {} rounds of {} calls",
         args.rounds, args.iters
     );
-    let (ops, names) = match args.split {
-        false => (
-            [Op::Gather, Op::Cat, Op::Copy],
-            ["gather", "cat", "g/cat", "g/copy"],
-        ),
-        true => (
-            [Op::Scatter, Op::Split, Op::Copy],
-            ["scatter", "split", "s/split", "s/copy"],
-        ),
+    // Ours first, then Burn's, then the copy; ours are compared with both.
+    let ops: Vec<Op> = match (args.split, args.fusion_ways) {
+        (false, false) => vec![Op::Gather, Op::Cat, Op::Copy],
+        (false, true) => vec![Op::Gather, Op::Kernel, Op::Cat, Op::Copy],
+        (true, _) => vec![Op::Scatter, Op::Split, Op::Copy],
     };
-    println!(
-        "{:>10} {:>5} | {:>22} {:>22} {:>22} | {:>8} {:>8}",
-        "KiB",
-        "parts",
-        format!("{} ms (range) GB/s", names[0]),
-        format!("{} ms (range) GB/s", names[1]),
-        "copy ms (range) GB/s",
-        names[2],
-        names[3]
-    );
+    let ours = ops.len() - 2;
+    let (burns, copy) = (ops[ours], ops[ours + 1]);
+    print!("{:>10} {:>5} |", "KiB", "parts");
+    for op in &ops {
+        print!(" {:>24}", format!("{} ms (range) GB/s", op.name()));
+    }
+    print!(" |");
+    for op in &ops[..ours] {
+        for other in [burns, copy] {
+            print!(" {:>10}", format!("{}/{}", op.name(), other.name()));
+        }
+    }
+    println!();
     for &kib in &args.sizes_kib {
         for &parts in &args.parts {
             let inputs = inputs(kib * 1024, parts, args.cols, args.iters, &device);
@@ -203,14 +231,17 @@ fn main() {
                 })
                 .collect();
             let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-            println!(
-                "{kib:>10} {parts:>5} | {:>22} {:>22} {:>22} | {:>8.3} {:>8.3}",
-                cells[0].1,
-                cells[1].1,
-                cells[2].1,
-                ratio(cells[0].0, cells[1].0),
-                ratio(cells[0].0, cells[2].0)
-            );
+            print!("{kib:>10} {parts:>5} |");
+            for cell in &cells {
+                print!(" {:>24}", cell.1);
+            }
+            print!(" |");
+            for cell in &cells[..ours] {
+                for other in [&cells[ours], &cells[ours + 1]] {
+                    print!(" {:>10.3}", ratio(cell.0, other.0));
+                }
+            }
+            println!();
         }
     }
 }

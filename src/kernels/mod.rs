@@ -8,9 +8,9 @@
 //!
 //! - `concat.rs`, `split.rs`: the CubeCL kernels and their launches, for `CubeBackend`
 //!   (every CubeCL runtime: CUDA, wgpu, ...);
-//! - `fusion.rs`: under Burn's Fusion, Fusion's own `cat` and slices, which Fusion fuses with
-//!   the operations around them (a custom operation would end the fused block: it measured
-//!   slower);
+//! - `fusion.rs`: under Burn's Fusion, Fusion's own `cat`, which Fusion fuses with the
+//!   operations around it, for a few inputs; for many large ones the kernel as a Fusion
+//!   custom operation; Fusion's slices;
 //! - `host.rs`: on Flex, Burn's own `cat` and slices;
 //! - `autodiff.rs`: the backwards, for every backend above.
 //!
@@ -33,8 +33,41 @@ mod host;
 #[cfg(feature = "kernels")]
 mod split;
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
+
+/// How a concatenation of float tensors runs under Burn's Fusion (`fusion.rs`): by the
+/// crate's rule, or one way always. Not part of the API: the crate's benches set it to
+/// compare the ways in one process.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusionConcat {
+    /// The crate's kernel for many large inputs, Fusion's `cat` otherwise.
+    Rule,
+    /// The crate's kernel, as a Fusion custom operation.
+    Kernel,
+    /// Fusion's `cat`.
+    Cat,
+}
+
+static FUSION_CONCAT: AtomicU8 = AtomicU8::new(FusionConcat::Rule as u8);
+
+/// Sets how concatenations under Burn's Fusion run from now on, in every thread.
+#[doc(hidden)]
+pub fn set_fusion_concat(way: FusionConcat) {
+    FUSION_CONCAT.store(way as u8, Ordering::Relaxed);
+}
+
+#[cfg(feature = "kernels")]
+fn fusion_concat() -> FusionConcat {
+    match FUSION_CONCAT.load(Ordering::Relaxed) {
+        x if x == FusionConcat::Kernel as u8 => FusionConcat::Kernel,
+        x if x == FusionConcat::Cat as u8 => FusionConcat::Cat,
+        _ => FusionConcat::Rule,
+    }
+}
 
 /// The crate's operations on a backend's tensors.
 #[cfg(any(feature = "kernels", feature = "flex"))]

@@ -3,7 +3,7 @@
 //! flow back through it.
 
 use burn::backend::GradientCheckpointingStrategy;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_dataparallel::{Gather, Shards};
 
 use crate::common::values;
@@ -19,6 +19,15 @@ fn counting<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> 
     Tensor::<1, Int>::arange(start as i64..(start + count) as i64, device)
         .float()
         .reshape(dims)
+}
+
+/// [`counting`]'s values, written from the host: a tensor that is no chain of operations
+/// under Burn's Fusion. (On lavapipe under Fusion, Burn's own `Tensor::cat` of eight
+/// `counting` tensors of a MiB in all took 84 s to read.)
+fn counting_on_host<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
+    let count: usize = dims.iter().product();
+    let values: Vec<f32> = (start..start + count).map(|v| v as f32).collect();
+    Tensor::from_data(TensorData::new(values, dims), device)
 }
 
 /// Shards for `parts` outputs along `dim`, every one of them on the output device.
@@ -116,20 +125,38 @@ pub fn gradients_reach_every_piece(devices: &[Device]) {
     let device = &devices[0];
     // Past 16 pieces the concatenation is recorded in groups of at most 16.
     for parts in [2, 3, 8, 16, 17, 40] {
-        gradients_through(parts, 0, device, None);
+        gradients_through(parts, 0, 4, device, None);
     }
     // Pieces without a gradient, the first groups wholly.
-    gradients_through(40, 20, device, None);
+    gradients_through(40, 20, 4, device, None);
     // Burn's checkpointing recomputes some activations in the backward; a gather of
     // checkpointed tensors is another backend type.
-    gradients_through(3, 0, device, Some(GradientCheckpointingStrategy::Balanced));
+    gradients_through(
+        3,
+        0,
+        4,
+        device,
+        Some(GradientCheckpointingStrategy::Balanced),
+    );
 }
 
-/// The gradients of `parts` pieces through a gather, against `Tensor::cat`'s; the first
-/// `frozen` pieces need none.
+/// Many pieces making over a MiB, values and gradients: under Burn's Fusion the crate joins
+/// those with its own kernel where fewer or smaller ones take Fusion's `cat`.
+pub fn gathers_many_large_pieces(devices: &[Device]) {
+    let device = &devices[0];
+    for (parts, frozen) in [(8, 0), (20, 5)] {
+        // A piece is 1 to 3 lines of `width`: 2 on average.
+        let width = (1usize << 18).div_ceil(2 * parts) + 1;
+        gradients_through(parts, frozen, width, device, None);
+    }
+}
+
+/// The values and gradients of `parts` pieces of 1 to 3 lines of `width` through a gather,
+/// against `Tensor::cat`'s; the first `frozen` pieces need no gradient.
 fn gradients_through(
     parts: usize,
     frozen: usize,
+    width: usize,
     device: &Device,
     strategy: Option<GradientCheckpointingStrategy>,
 ) {
@@ -141,11 +168,11 @@ fn gradients_through(
         let pieces: Vec<Tensor<2>> = (0..parts)
             .map(|i| {
                 let dims = if dim == 0 {
-                    [1 + i % 3, 4]
+                    [1 + i % 3, width]
                 } else {
-                    [4, 1 + i % 3]
+                    [width, 1 + i % 3]
                 };
-                let piece = checkpointed(counting(dims, 7 * i, device));
+                let piece = checkpointed(counting_on_host(dims, 7 * i, device));
                 if i < frozen {
                     piece
                 } else {
@@ -154,11 +181,23 @@ fn gradients_through(
             })
             .collect();
         let total: usize = pieces.iter().map(|p| p.dims()[dim]).sum();
-        let weight_dims = if dim == 0 { [total, 4] } else { [4, total] };
-        let weights = checkpointed(counting(weight_dims, 3, device));
+        let weight_dims = if dim == 0 {
+            [total, width]
+        } else {
+            [width, total]
+        };
+        let weights = checkpointed(counting_on_host(weight_dims, 3, device));
+        let (expected, found) = (
+            Tensor::cat(pieces.clone(), dim),
+            Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap(),
+        );
+        let (expected_values, found_values) = (values(expected.clone()), values(found.clone()));
+        assert!(
+            found_values == expected_values,
+            "the values of {parts} pieces along {dim}"
+        );
         let gradients = |output: Tensor<2>| (output * weights.clone()).sum().backward();
-        let expected = gradients(Tensor::cat(pieces.clone(), dim));
-        let found = gradients(Gather::gather(pieces.clone(), &shards(parts, dim, device)).unwrap());
+        let (expected, found) = (gradients(expected), gradients(found));
         for (i, piece) in pieces.iter().enumerate() {
             let (found, expected) = (piece.grad(&found), piece.grad(&expected));
             if i < frozen {
@@ -183,4 +222,5 @@ crate::on_every_device_list!(
     gathers_strided_pieces => super::gathers_strided_pieces,
     gathers_many_pieces_and_integers => super::gathers_many_pieces_and_integers,
     gradients_reach_every_piece => super::gradients_reach_every_piece,
+    gathers_many_large_pieces => super::gathers_many_large_pieces,
 );
