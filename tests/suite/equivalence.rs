@@ -15,12 +15,36 @@ fn outputs_and_gradients_match(devices: &[Device], rows: usize) {
     let (x, _) = batch(rows, device);
 
     let expected = model.forward(x.clone());
-    let found = dp.forward(x);
+    let found = dp.forward(x.clone());
     assert_close(found.clone(), expected.clone(), 1e-5, "output");
 
     let expected_grads = expected.powi_scalar(2).sum().backward();
     let found_grads = found.powi_scalar(2).sum().backward();
+    // A control: the bare model's backward once more. Where it differs from the first, the
+    // reference varies, whatever the wrapper does.
+    let again = model.forward(x).powi_scalar(2).sum().backward();
+    let control = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_same_grads(dp.module(), &again, &expected_grads, 1e-4)
+    }));
+    assert!(
+        control.is_ok(),
+        "the bare model's gradients differ between two backwards (above)"
+    );
     assert_same_grads(dp.module(), &found_grads, &expected_grads, 1e-4);
+}
+
+/// A control with no wrapper in the process's tests it runs alone: the bare model's gradients
+/// of one batch, twenty times, equal the first's. Where it fails, the reference the other
+/// tests compare with varies, whatever the wrapper does.
+pub fn the_bare_model_s_gradients_repeat(devices: &[Device]) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let (x, _) = batch(12, device);
+    let first = model.forward(x.clone()).powi_scalar(2).sum().backward();
+    for _ in 0..20 {
+        let again = model.forward(x.clone()).powi_scalar(2).sum().backward();
+        assert_same_grads(&model, &again, &first, 1e-4);
+    }
 }
 
 pub fn even_batches(devices: &[Device]) {
@@ -133,6 +157,7 @@ pub fn inference_without_autodiff(devices: &[Device]) {
 }
 
 crate::on_every_device_list!(
+    the_bare_model_s_gradients_repeat => super::the_bare_model_s_gradients_repeat,
     even_batches => super::even_batches,
     uneven_batches => super::uneven_batches,
     batches_smaller_than_the_device_list => super::batches_smaller_than_the_device_list,
