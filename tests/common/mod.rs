@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Gradients;
-use burn::tensor::{DType, Device, DeviceError, FloatDType, Tensor};
+use burn::tensor::{DType, Device, DeviceError, FloatDType, Int, Tensor, TensorData};
 
 mod silent;
 #[allow(unused_imports)] // not every test binary runs a Learner
@@ -116,6 +116,32 @@ pub fn within<F: FnOnce() + Send + 'static>(body: F) {
         }
         Err(mpsc::RecvTimeoutError::Timeout) => panic!("the test did not finish within {limit} s"),
     }
+}
+
+/// A tensor of `dims` holding `start`, `start + 1`, ... (distinct values, so that a value
+/// copied from the wrong place shows).
+pub fn counting<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
+    let count: usize = dims.iter().product();
+    if count == 0 {
+        // Burn 0.22.1's `reshape` of an empty tensor indexes past its shape.
+        return Tensor::zeros(dims, device);
+    }
+    Tensor::<1, Int>::arange(start as i64..(start + count) as i64, device)
+        .float()
+        .reshape(dims)
+}
+
+/// [`counting`]'s values, written from the host: a tensor that is no chain of operations
+/// under Burn's Fusion, whose own `Tensor::cat` of such chains a MiB large took minutes on
+/// lavapipe (`benches/journal/2026-12-07.md`).
+pub fn counting_on_host<const D: usize>(
+    dims: [usize; D],
+    start: usize,
+    device: &Device,
+) -> Tensor<D> {
+    let count: usize = dims.iter().product();
+    let values: Vec<f32> = (start..start + count).map(|v| v as f32).collect();
+    Tensor::from_data(TensorData::new(values, dims), device)
 }
 
 /// The values of `tensor`, on the host.

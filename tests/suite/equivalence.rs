@@ -33,9 +33,9 @@ fn outputs_and_gradients_match(devices: &[Device], rows: usize) {
     assert_same_grads(dp.module(), &found_grads, &expected_grads, 1e-4);
 }
 
-/// A control with no wrapper in the process's tests it runs alone: the bare model's gradients
-/// of one batch, twenty times, equal the first's. Where it fails, the reference the other
-/// tests compare with varies, whatever the wrapper does.
+/// A control that uses no wrapper (run alone, a process without one): the bare model's
+/// gradients of one batch, twenty times, equal the first's. Where it fails, the reference the
+/// other tests compare with varies, whatever the wrapper does.
 pub fn the_bare_model_s_gradients_repeat(devices: &[Device]) {
     let device = &devices[0];
     let model = Mlp::new(device);

@@ -3,32 +3,10 @@
 //! flow back through it.
 
 use burn::backend::GradientCheckpointingStrategy;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor};
 use burn_dataparallel::{Gather, Shards};
 
-use crate::common::values;
-
-/// A tensor of `dims` holding `start`, `start + 1`, ... (distinct values, so that a value
-/// copied from the wrong place shows).
-fn counting<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
-    let count: usize = dims.iter().product();
-    if count == 0 {
-        // Burn 0.22.1's `reshape` of an empty tensor indexes past its shape.
-        return Tensor::zeros(dims, device);
-    }
-    Tensor::<1, Int>::arange(start as i64..(start + count) as i64, device)
-        .float()
-        .reshape(dims)
-}
-
-/// [`counting`]'s values, written from the host: a tensor that is no chain of operations
-/// under Burn's Fusion. (On lavapipe under Fusion, Burn's own `Tensor::cat` of eight
-/// `counting` tensors of a MiB in all took 84 s to read.)
-fn counting_on_host<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
-    let count: usize = dims.iter().product();
-    let values: Vec<f32> = (start..start + count).map(|v| v as f32).collect();
-    Tensor::from_data(TensorData::new(values, dims), device)
-}
+use crate::common::{counting, counting_on_host, values};
 
 /// Shards for `parts` outputs along `dim`, every one of them on the output device.
 fn shards(parts: usize, dim: usize, device: &Device) -> Shards {

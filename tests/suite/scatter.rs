@@ -6,16 +6,7 @@ use burn::backend::GradientCheckpointingStrategy;
 use burn::tensor::{Device, Int, Tensor};
 use burn_dataparallel::{Scatter, Shards};
 
-use crate::common::values;
-
-/// A tensor of `dims` holding `start`, `start + 1`, ... (distinct values, so that a value
-/// copied from the wrong place shows).
-fn counting<const D: usize>(dims: [usize; D], start: usize, device: &Device) -> Tensor<D> {
-    let count: usize = dims.iter().product();
-    Tensor::<1, Int>::arange(start as i64..(start + count) as i64, device)
-        .float()
-        .reshape(dims)
-}
+use crate::common::{counting, values};
 
 /// Shards of `batch` items along `dim` by `weights`, every one of them on `device`.
 fn shards(batch: usize, weights: &[f64], dim: usize, device: &Device) -> Shards {
