@@ -19,6 +19,13 @@
 #                                     # figures for the same cases (benches/concat/torch_cat.py)
 #   scripts/gpu.sh upstream LOG_DIR   # on the GPU machine: upstream/cross_stream.rs (CubeCL's
 #                                     # cross-stream controls, UPSTREAM_ROUNDS rounds each)
+#   scripts/gpu.sh compare LOG_DIR    # on the GPU machine: the ignored tests COMPARE_FILTER
+#                                     # (equivalence::listed) of several builds (BUILDS: the
+#                                     # binaries suite-NAME, built with SUFFIX=-NAME) on each
+#                                     # list of LISTS, in fresh processes on a kept cache per
+#                                     # build, 16 at a time, in blocks of BLOCK seconds (45)
+#                                     # that alternate builds and lists, ROUNDS times (2);
+#                                     # counts the failures per build and list, keeps their logs
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
 #                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time,
@@ -52,6 +59,8 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | sort -u | while read -r name path; do
         # Stripped, a binary that links LLVM packs to about 33 MB: one a call's 64 MiB.
+        # SUFFIX (e.g. -cube) names a second build's binaries apart from the first's.
+        name=$name${SUFFIX:-}
         strip -o "$BUNDLE/$name" "$path"
         if [ -z "${ONE_ARCHIVE:-}" ]; then
             xz -T0 -6 -c "$BUNDLE/$name" > "$BUNDLE/$name.xz"
@@ -229,11 +238,42 @@ repeat() {
         | tee -a "$log/summary.txt"
 }
 
+compare() {
+    local log; log=$(log_dir "${1:?LOG_DIR}")
+    unpack
+    local filter=${COMPARE_FILTER:-equivalence::listed} block=${BLOCK:-45}
+    local builds=${BUILDS:-fusion cube} lists=${LISTS:-cuda:0,cpu cuda:0,cuda:0}
+    # Each build's kernel cache filled by one process alone, so that the others start in
+    # seconds.
+    for build in $builds; do
+        for list in $lists; do
+            CUBECL_ENVIRONMENT=compare-$build DATAPARALLEL_DEVICES=$list timeout 300 \
+                "$BUNDLE/bin/suite-$build" --ignored "$filter" --test-threads=1 \
+                > "$log/fill-$build-${list//[:,]/_}.log" 2>&1 || echo "fill: $build $list FAILED"
+        done
+    done
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for list in $lists; do
+            for build in $builds; do
+                local name=$build-${list//[:,]/_} deadline=$(( $(date +%s) + block ))
+                seq 1 1000 | xargs -P 16 -I{} sh -c "[ \$(date +%s) -lt $deadline ] || exit 0; \
+                    if CUBECL_ENVIRONMENT=compare-$build DATAPARALLEL_DEVICES=$list timeout 120 \
+                        '$BUNDLE/bin/suite-$build' --ignored '$filter' --test-threads=1 \
+                        > '$log/$name-$round-{}.log' 2>&1; \
+                    then rm '$log/$name-$round-{}.log'; echo '$build $list passed'; \
+                    else echo '$build $list FAILED'; fi" >> "$log/outcomes.txt"
+            done
+        done
+    done
+    sort "$log/outcomes.txt" | uniq -c | tee "$log/summary.txt"
+}
+
 case "${1:-}" in
     build) build ;;
     run) shift; run "$@" ;;
     run-one) shift; run_one "$@" ;;
     repeat) shift; repeat "$@" ;;
+    compare) shift; compare "$@" ;;
     bench) shift; bench "$@" ;;
     concat) shift; concat "$@" ;;
     upstream) shift; upstream "$@" ;;
