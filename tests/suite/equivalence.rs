@@ -34,18 +34,53 @@ fn outputs_and_gradients_match(devices: &[Device], rows: usize) {
 }
 
 /// A control that uses no wrapper (run alone, a process without one): the bare model's
-/// gradients of one batch, twenty times, equal the first's. Where it fails, the reference the
-/// other tests compare with varies, whatever the wrapper does.
+/// gradients of one batch, [`STEPS`] times more, equal the first's. Where it fails, the
+/// reference the other tests compare with varies, whatever the wrapper does; as many
+/// backwards as [`gradients_match_step_after_step`] runs of the bare model, so that a fault
+/// as rare shows as often.
 pub fn the_bare_model_s_gradients_repeat(devices: &[Device]) {
     let device = &devices[0];
     let model = Mlp::new(device);
     let (x, _) = batch(12, device);
     let first = model.forward(x.clone()).powi_scalar(2).sum().backward();
-    for _ in 0..20 {
+    for _ in 0..2 * STEPS {
         let again = model.forward(x.clone()).powi_scalar(2).sum().backward();
         assert_same_grads(&model, &again, &first, 1e-4);
     }
 }
+
+/// Step after step, on a batch of its own each, the wrapper's gradients equal the bare
+/// model's and the bare model's equal themselves on a second backward: a fault that shows in
+/// a few steps of a thousand (a race) shows here in one process.
+pub fn gradients_match_step_after_step(devices: &[Device]) {
+    let device = &devices[0];
+    let model = Mlp::new(device);
+    let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
+    let loss = |y: Tensor<2>| y.powi_scalar(2).sum();
+    for step in 0..STEPS {
+        let (x, _) = batch(5 + step % 8, device);
+        let expected = loss(model.forward(x.clone())).backward();
+        let found = loss(dp.forward(x.clone())).backward();
+        let again = loss(model.forward(x)).backward();
+        // Which of the two differs tells a fault of the reference from one of the wrapper.
+        let checks = [
+            ("the bare model's second backward", &again),
+            ("the wrapper's backward", &found),
+        ];
+        for (what, grads) in checks {
+            let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                assert_same_grads(dp.module(), grads, &expected, 1e-4)
+            }));
+            if let Err(payload) = check {
+                eprintln!("step {step} of {STEPS}: {what} differs from the bare model's first");
+                std::panic::resume_unwind(payload);
+            }
+        }
+    }
+}
+
+/// Steps of [`gradients_match_step_after_step`].
+const STEPS: usize = 100;
 
 pub fn even_batches(devices: &[Device]) {
     outputs_and_gradients_match(devices, 12);
@@ -158,6 +193,7 @@ pub fn inference_without_autodiff(devices: &[Device]) {
 
 crate::on_every_device_list!(
     the_bare_model_s_gradients_repeat => super::the_bare_model_s_gradients_repeat,
+    gradients_match_step_after_step => super::gradients_match_step_after_step,
     even_batches => super::even_batches,
     uneven_batches => super::uneven_batches,
     batches_smaller_than_the_device_list => super::batches_smaller_than_the_device_list,
