@@ -23,14 +23,20 @@ fn outputs_and_gradients_match(devices: &[Device], rows: usize) {
     // A control: the bare model's backward once more. Where it differs from the first, the
     // reference varies, whatever the wrapper does.
     let again = model.forward(x).powi_scalar(2).sum().backward();
-    let control = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        assert_same_grads(dp.module(), &again, &expected_grads, 1e-4)
-    }));
-    assert!(
-        control.is_ok(),
-        "the bare model's gradients differ between two backwards (above)"
+    labelled(
+        "the bare model's gradients differ between two backwards",
+        || assert_same_grads(dp.module(), &again, &expected_grads, 1e-4),
     );
     assert_same_grads(dp.module(), &found_grads, &expected_grads, 1e-4);
+}
+
+/// Runs `check`; where it fails, says `what` failed before failing with the check's own
+/// message (a control and the comparison it guards report alike).
+fn labelled(what: &str, check: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+        eprintln!("{what}");
+        std::panic::resume_unwind(payload);
+    }
 }
 
 /// A control that uses no wrapper (run alone, a process without one): the bare model's
@@ -68,13 +74,11 @@ pub fn gradients_match_step_after_step(devices: &[Device]) {
             ("the wrapper's backward", &found),
         ];
         for (what, grads) in checks {
-            let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let what =
+                format!("step {step} of {STEPS}: {what} differs from the bare model's first");
+            labelled(&what, || {
                 assert_same_grads(dp.module(), grads, &expected, 1e-4)
-            }));
-            if let Err(payload) = check {
-                eprintln!("step {step} of {STEPS}: {what} differs from the bare model's first");
-                std::panic::resume_unwind(payload);
-            }
+            });
         }
     }
 }
