@@ -21,7 +21,8 @@
 #                                     # cross-stream controls, UPSTREAM_ROUNDS rounds each)
 #   scripts/gpu.sh compare LOG_DIR    # on the GPU machine: the ignored tests COMPARE_FILTER
 #                                     # (equivalence::listed) of several builds (BUILDS: the
-#                                     # binaries suite-NAME, built with SUFFIX=-NAME) on each
+#                                     # binaries suite-NAME, built with SUFFIX=-NAME; NAME+ARM
+#                                     # runs one under an arm: compare_one) on each
 #                                     # list of LISTS, in fresh processes on a kept cache per
 #                                     # build, 16 at a time, in blocks of BLOCK seconds (45)
 #                                     # that alternate builds and lists, ROUNDS times (2);
@@ -241,15 +242,13 @@ repeat() {
 compare() {
     local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
-    local filter=${COMPARE_FILTER:-equivalence::listed} block=${BLOCK:-45}
-    local builds=${BUILDS:-fusion cube} lists=${LISTS:-cuda:0,cpu cuda:0,cuda:0}
+    local block=${BLOCK:-45} builds=${BUILDS:-fusion cube} lists=${LISTS:-cuda:0,cpu cuda:0,cuda:0}
     # Each build's kernel cache filled by one process alone, so that the others start in
     # seconds.
     for build in $builds; do
         for list in $lists; do
-            CUBECL_ENVIRONMENT=compare-$build DATAPARALLEL_DEVICES=$list timeout 300 \
-                "$BUNDLE/bin/suite-$build" --ignored "$filter" --test-threads=1 \
-                > "$log/fill-$build-${list//[:,]/_}.log" 2>&1 || echo "fill: $build $list FAILED"
+            bash "$SELF" compare-one "$log" "$build" "$list" "fill-$build-${list//[:,]/_}" \
+                >> "$log/fills.txt"
         done
     done
     for round in $(seq 1 "${ROUNDS:-2}"); do
@@ -257,15 +256,39 @@ compare() {
             for build in $builds; do
                 local name=$build-${list//[:,]/_} deadline=$(( $(date +%s) + block ))
                 seq 1 1000 | xargs -P 16 -I{} sh -c "[ \$(date +%s) -lt $deadline ] || exit 0; \
-                    if CUBECL_ENVIRONMENT=compare-$build DATAPARALLEL_DEVICES=$list timeout 120 \
-                        '$BUNDLE/bin/suite-$build' --ignored '$filter' --test-threads=1 \
-                        > '$log/$name-$round-{}.log' 2>&1; \
-                    then rm '$log/$name-$round-{}.log'; echo '$build $list passed'; \
-                    else echo '$build $list FAILED'; fi" >> "$log/outcomes.txt"
+                    bash '$SELF' compare-one '$log' '$build' '$list' '$name-$round-{}'" \
+                    >> "$log/outcomes.txt"
             done
         done
     done
     sort "$log/outcomes.txt" | uniq -c | tee "$log/summary.txt"
+}
+
+# One process of `compare`: LOG_DIR BUILD LIST NAME. BUILD is a binary's name (suite-BUILD),
+# with `+blocking` (CUDA_LAUNCH_BLOCKING=1: every launch waits for its kernel) or `+single`
+# (CubeCL's `[streaming] policy = "single"`: every thread on one stream) as an arm. Prints
+# "BUILD LIST passed", or FAILED with the test's own words on which check failed; a failed
+# process keeps its log (NAME.log).
+compare_one() {
+    local log=$1 build=$2 list=$3 name=$4 dir=$PWD
+    local bin; bin=$(cd "$BUNDLE/bin" && pwd)/suite-${build%%+*}
+    case $build in
+        *+blocking) export CUDA_LAUNCH_BLOCKING=1 ;;
+        *+single)
+            # CubeCL reads cubecl.toml from the working directory or its parents.
+            dir=$PWD/target/arm-single
+            mkdir -p "$dir"
+            printf '[streaming]\npolicy = "single"\n' > "$dir/cubecl.toml" ;;
+        *+*) echo "unknown arm in $build (blocking, single)" >&2; exit 2 ;;
+    esac
+    if (cd "$dir" && CUBECL_ENVIRONMENT=compare-${build//+/-} DATAPARALLEL_DEVICES=$list \
+        timeout 120 "$bin" --ignored "${COMPARE_FILTER:-equivalence::listed}" --test-threads=1) \
+        > "$log/$name.log" 2>&1; then
+        rm "$log/$name.log"
+        echo "$build $list passed"
+    else
+        echo "$build $list FAILED: $(grep -m1 -E 'differ|panicked' "$log/$name.log" | sed -E 's/^step [0-9]+ of [0-9]+: //' | cut -c1-100)"
+    fi
 }
 
 case "${1:-}" in
@@ -274,6 +297,7 @@ case "${1:-}" in
     run-one) shift; run_one "$@" ;;
     repeat) shift; repeat "$@" ;;
     compare) shift; compare "$@" ;;
+    compare-one) shift; compare_one "$@" ;;
     bench) shift; bench "$@" ;;
     concat) shift; concat "$@" ;;
     upstream) shift; upstream "$@" ;;
