@@ -2,10 +2,11 @@
 //!
 //! Every input is seen as a matrix `[outer, width_i]`, where `outer` is the product of the
 //! dimensions before `dim` and `width_i` that of `dim` and the ones after it, and the output as
-//! `[outer, sum(width_i)]`. One thread writes one vector of the output: it finds its row and
-//! column, [`locate`]s the input that holds the column, and copies one vector from it. Vectors
-//! are as wide as every input's row allows; inputs that are not contiguous are made contiguous
-//! first.
+//! `[outer, sum(width_i)]`. The launch is a grid of cubes with one row per input
+//! (`CUBE_POS_Y`): a cube copies vectors of its row's input only, so the input is chosen once
+//! per cube, with no walk over the others and no divergence, and its threads stride over that
+//! input's vectors. Vectors are as wide as every input's row allows; inputs that are not
+//! contiguous are made contiguous first.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::FloatTensor;
@@ -13,7 +14,6 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::calculate_cube_count_elemwise;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
@@ -34,22 +34,33 @@ impl ShardOps for CubeBackend {
 fn concat_kernel<E: Numeric, N: Size>(
     inputs: &Sequence<OwnedTensor<Vector<E, N>>>,
     output: &mut Tensor<Vector<E, N>>,
-    widths: Sequence<usize>,
-    row_width: FastDivmod<usize>,
-    units: usize,
+    widths: Sequence<FastDivmod<usize>>,
+    offsets: Sequence<usize>,
+    row_width: usize,
+    #[comptime] one_row: bool,
     #[define(E)] _dtype: ElemType,
 ) {
-    if ABSOLUTE_POS >= units {
-        terminate!();
-    }
-    let (row, column) = row_width.div_mod(ABSOLUTE_POS);
-    let (piece, offset, width) = locate(&widths, column);
-
-    // A sequence's items are indexed at compile time: one unrolled branch per input.
+    let piece = CUBE_POS_Y as usize;
+    let stride = (CUBE_COUNT_X * CUBE_DIM) as usize;
+    // A sequence's items are indexed at compile time: one unrolled branch per input, taken by
+    // whole cubes.
     #[unroll]
     for i in 0..comptime![inputs.len()] {
         if piece == i {
-            output[ABSOLUTE_POS] = inputs.index(i).as_slice()[row * width + offset];
+            let input = inputs.index(i).as_slice();
+            let width = widths.index(i);
+            let offset = *offsets.index(i);
+            let units = input.len();
+            let mut pos = (CUBE_POS_X * CUBE_DIM + UNIT_POS) as usize;
+            while pos < units {
+                let mut target = pos + offset;
+                if comptime![!one_row] {
+                    let (row, column) = width.div_mod(pos);
+                    target = row * row_width + offset + column;
+                }
+                output[target] = input[pos];
+                pos += stride;
+            }
         }
     }
 }
@@ -148,6 +159,7 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         .map(|t| t.meta.shape()[dim] * inner)
         .collect();
     let vector = vector_size(&client, dtype.size(), &widths);
+    let rows = output.meta.num_elements() / widths.iter().sum::<usize>();
     let row_width: usize = widths.iter().sum::<usize>() / vector;
 
     let address = tensors
@@ -156,27 +168,39 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         .chain([output.required_address_type()])
         .max()
         .unwrap_or_default();
+    let pieces = tensors.len() as u32;
     let mut inputs = SequenceArg::new();
     let mut vector_widths = SequenceArg::new();
+    let mut offsets = SequenceArg::new();
+    let mut offset = 0;
     for (tensor, width) in tensors.into_iter().zip(&widths) {
         inputs.push(tensor.into_tensor_arg());
         vector_widths.push(width / vector);
+        offsets.push(offset);
+        offset += width / vector;
     }
-    let units = output.meta.num_elements() / vector;
-    let cube_dim = CubeDim::new(&client, units);
-    let cube_count = calculate_cube_count_elemwise(&client, units, cube_dim);
+    // Enough cubes for the largest input, at most about `CUBES` in all: the threads of a
+    // cube stride over the rest.
+    const CUBES: usize = 4096;
+    let most = widths.iter().max().expect("two inputs or more") / vector * rows;
+    let cube_dim = CubeDim::new(&client, most);
+    let per_piece = most
+        .div_ceil(cube_dim.num_elems() as usize)
+        .min(CUBES.div_ceil(pieces as usize))
+        .max(1);
     unsafe {
         concat_kernel::launch_unchecked(
             &client,
-            cube_count,
+            CubeCount::new_2d(per_piece as u32, pieces),
             cube_dim,
             address,
             vector,
             inputs,
             output.clone().into_tensor_arg(),
             vector_widths,
+            offsets,
             row_width,
-            units,
+            rows == 1,
             dtype_to_storage_type(dtype),
         );
     }

@@ -129,6 +129,24 @@ pub fn gathers_many_large_pieces(devices: &[Device]) {
     }
 }
 
+/// A piece of 24 MiB beside a small one, along both dimensions: more vectors than one pass
+/// of the kernel's threads copies, and rows of unequal widths.
+pub fn gathers_pieces_of_unequal_sizes(devices: &[Device]) {
+    let device = &devices[0];
+    for dim in [0, 1] {
+        let parts = [3000, 100]
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                let mut dims = [2048, 2048];
+                dims[dim] = size;
+                counting_on_host(dims, 7_000_000 * i, device)
+            })
+            .collect();
+        gathers_as_cat(parts, dim, device);
+    }
+}
+
 /// The values and gradients of `parts` pieces of 1 to 3 lines of `width` through a gather,
 /// against `Tensor::cat`'s; the first `frozen` pieces need no gradient.
 fn gradients_through(
@@ -201,4 +219,5 @@ crate::on_every_device_list!(
     gathers_many_pieces_and_integers => super::gathers_many_pieces_and_integers,
     gradients_reach_every_piece => super::gradients_reach_every_piece,
     gathers_many_large_pieces => super::gathers_many_large_pieces,
+    gathers_pieces_of_unequal_sizes => super::gathers_pieces_of_unequal_sizes,
 );
