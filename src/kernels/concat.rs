@@ -65,31 +65,6 @@ fn concat_kernel<E: Numeric, N: Size>(
     }
 }
 
-/// Where `column` of a row laid out as pieces of `widths` columns side by side falls: the
-/// piece, the column within it and the piece's width. The pieces' count is a compile-time
-/// constant, so the walk is unrolled.
-#[cube]
-pub(super) fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
-    let mut piece = 0usize;
-    let mut offset = column;
-    let mut width = 0usize;
-    let mut found = false;
-    #[unroll]
-    for i in 0..comptime![widths.len()] {
-        let piece_width = *widths.index(i);
-        if !found {
-            if offset < piece_width {
-                piece = i;
-                width = piece_width;
-                found = true;
-            } else {
-                offset -= piece_width;
-            }
-        }
-    }
-    (piece, offset, width)
-}
-
 /// The widest vector (in elements) that divides every width and that the device loads in one
 /// instruction for elements of `elem_size` bytes.
 pub(super) fn vector_size(client: &Client, elem_size: usize, widths: &[usize]) -> usize {

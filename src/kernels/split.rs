@@ -4,7 +4,7 @@
 //! The kernel writes every piece into one buffer, each piece contiguous and starting at an
 //! offset aligned for the device, and the pieces are views of that buffer. One thread copies
 //! one vector of the input, seen as a matrix `[outer, sum(width_i)]` as in `concat.rs`, to the
-//! piece that holds its column (found by `concat.rs`' [`locate`]).
+//! piece that holds its column (found by [`locate`]).
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn_cubecl::kernel::into_contiguous;
@@ -14,7 +14,7 @@ use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
 
-use super::concat::{locate, vector_size};
+use super::concat::vector_size;
 
 #[cube(launch_unchecked, address_type = "dynamic")]
 fn split_kernel<E: Numeric, N: Size>(
@@ -41,6 +41,31 @@ fn split_kernel<E: Numeric, N: Size>(
         }
     }
     output[start + row * width + offset] = input[ABSOLUTE_POS];
+}
+
+/// Where `column` of a row laid out as pieces of `widths` columns side by side falls: the
+/// piece, the column within it and the piece's width. The pieces' count is a compile-time
+/// constant, so the walk is unrolled.
+#[cube]
+fn locate(widths: &Sequence<usize>, column: usize) -> (usize, usize, usize) {
+    let mut piece = 0usize;
+    let mut offset = column;
+    let mut width = 0usize;
+    let mut found = false;
+    #[unroll]
+    for i in 0..comptime![widths.len()] {
+        let piece_width = *widths.index(i);
+        if !found {
+            if offset < piece_width {
+                piece = i;
+                width = piece_width;
+                found = true;
+            } else {
+                offset -= piece_width;
+            }
+        }
+    }
+    (piece, offset, width)
 }
 
 /// A contiguous view with `shape` of the bytes `from..to` of `tensor`'s memory (counted from
