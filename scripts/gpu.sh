@@ -287,7 +287,9 @@ compare_one() {
         rm "$log/$name.log"
         echo "$build $list passed"
     else
-        echo "$build $list FAILED: $(grep -m1 -E 'differ|panicked' "$log/$name.log" | sed -E 's/^step [0-9]+ of [0-9]+: //' | cut -c1-100)"
+        # The test's own words on which check failed (printed after the panic), else the panic.
+        local why; why=$(grep -m1 'differs' "$log/$name.log" || grep -m1 'panicked' "$log/$name.log" || true)
+        echo "$build $list FAILED: $(echo "$why" | sed -E 's/^step [0-9]+ of [0-9]+: //' | cut -c1-100)"
     fi
 }
 
