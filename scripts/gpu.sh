@@ -289,7 +289,8 @@ compare_one() {
     else
         # The test's own words on which check failed (printed after the panic), else the panic.
         local why; why=$(grep -m1 'differs' "$log/$name.log" || grep -m1 'panicked' "$log/$name.log" || true)
-        echo "$build $list FAILED: $(echo "$why" | sed -E 's/^step [0-9]+ of [0-9]+: //' | cut -c1-100)"
+        local tests; tests=$(grep -oE '^test [^ ]+ \.\.\. FAILED' "$log/$name.log" | sed -E 's/^test .*::([^: ]+) .*/\1/' | tr '\n' ' ')
+        echo "$build $list FAILED ${tests}: $(echo "$why" | sed -E 's/^step [0-9]+ of [0-9]+: //' | cut -c1-100)"
     fi
 }
 
