@@ -128,13 +128,13 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         return output;
     }
 
+    let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product();
     let widths: Vec<usize> = tensors
         .iter()
         .map(|t| t.meta.shape()[dim] * inner)
         .collect();
     let vector = vector_size(&client, dtype.size(), &widths);
-    let rows = output.meta.num_elements() / widths.iter().sum::<usize>();
     let row_width: usize = widths.iter().sum::<usize>() / vector;
 
     let address = tensors
@@ -157,9 +157,9 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
     // Enough cubes for the largest input, at most about `CUBES` in all: the threads of a
     // cube stride over the rest.
     const CUBES: usize = 4096;
-    let most = widths.iter().max().expect("two inputs or more") / vector * rows;
-    let cube_dim = CubeDim::new(&client, most);
-    let per_piece = most
+    let largest = widths.iter().max().expect("two inputs or more") / vector * outer;
+    let cube_dim = CubeDim::new(&client, largest);
+    let per_piece = largest
         .div_ceil(cube_dim.num_elems() as usize)
         .min(CUBES.div_ceil(pieces as usize))
         .max(1);
@@ -175,7 +175,7 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
             vector_widths,
             offsets,
             row_width,
-            rows == 1,
+            outer == 1,
             dtype_to_storage_type(dtype),
         );
     }
