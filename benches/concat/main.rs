@@ -17,8 +17,13 @@
 //! their outputs kept until after it. Each call reads tensors of its own: Burn's Fusion merges
 //! operations on one input (element-wise ones, `cat`) into one kernel that reads it once.
 //! Printed per case: each operation's median time per call, the spread of its rounds, its
-//! rate (bytes read and written per second), and `gather`'s ratio to `cat` and to `copy`.
+//! rate (bytes read and written per second), `gather`'s ratio to `cat` and to `copy`, and
+//! `gather`'s host time per call (the calls enqueued, before the sync): where it comes near
+//! its time per call, the host's launch work, not the device, sets the gather's time. (Under
+//! Fusion operations run at the sync, so there the host time is the queue's only.)
 //! `--fusion-ways` adds `kernel`, the gather with the crate's kernel forced, after `gather`.
+//! `--alt-cubes N` adds `alt`, the gather (the kernel forced under Fusion) with the kernel's
+//! cap of cubes at `N` instead of its default, after them.
 //!
 //! With `--split` the first two operations are `scatter` (`Scatter::scatter` of one tensor
 //! into `parts` pieces along its columns, all on the device: the crate's kernel, one launch
@@ -30,7 +35,7 @@
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
-use burn_dataparallel::__bench::{FusionConcat, set_fusion_concat};
+use burn_dataparallel::__bench::{FusionConcat, set_concat_cubes, set_fusion_concat};
 use burn_dataparallel::{DeviceList, Gather, Scatter, Shards};
 use clap::Parser;
 
@@ -62,6 +67,10 @@ struct Args {
     /// crate's kernel forced (`kernel`), where the rule may take Fusion's `cat`.
     #[arg(long)]
     fusion_ways: bool,
+    /// The gather with the concat kernel's cap of cubes at this many (`alt`), beside the
+    /// gather with the default cap.
+    #[arg(long)]
+    alt_cubes: Option<usize>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -72,6 +81,8 @@ enum Op {
     Gather,
     /// The gather with the crate's kernel forced under Fusion (`--fusion-ways`).
     Kernel,
+    /// The gather with another cap of cubes, the kernel forced under Fusion (`--alt-cubes`).
+    Alt(usize),
     Cat,
     Scatter,
     Split,
@@ -83,6 +94,7 @@ impl Op {
         match self {
             Op::Gather => "gather",
             Op::Kernel => "kernel",
+            Op::Alt(_) => "alt",
             Op::Cat => "cat",
             Op::Scatter => "scatter",
             Op::Split => "split",
@@ -102,6 +114,14 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec
             set_fusion_concat(FusionConcat::Rule);
             vec![output]
         }
+        Op::Alt(cubes) => {
+            let default = set_concat_cubes(cubes);
+            set_fusion_concat(FusionConcat::Kernel);
+            let output = Gather::gather(inputs.to_vec(), shards).expect("same shapes");
+            set_fusion_concat(FusionConcat::Rule);
+            set_concat_cubes(default);
+            vec![output]
+        }
         Op::Cat => vec![Tensor::cat(inputs.to_vec(), 0)],
         Op::Scatter => Scatter::scatter(whole.clone(), shards),
         Op::Split => (whole.clone().split_with_sizes(shards.sizes().to_vec(), 1))
@@ -112,10 +132,11 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec
     }
 }
 
-/// The time per call of `iters` calls of `op`, synced at both ends. The outputs live until
-/// after the sync: Burn's Fusion skips an operation whose output is dropped unread.
-/// Each call has inputs of its own (`Inputs`).
-fn sample(op: Op, inputs: &Inputs, shards: &Shards, iters: usize) -> Duration {
+/// The time per call of `iters` calls of `op`, synced at both ends, and the host's time per
+/// call until the last was enqueued. The outputs live until after the sync: Burn's Fusion
+/// skips an operation whose output is dropped unread. Each call has inputs of its own
+/// (`Inputs`).
+fn sample(op: Op, inputs: &Inputs, shards: &Shards, iters: usize) -> (Duration, Duration) {
     let device = inputs.wholes[0].device();
     device.sync().expect("the device answers");
     let start = Instant::now();
@@ -125,10 +146,11 @@ fn sample(op: Op, inputs: &Inputs, shards: &Shards, iters: usize) -> Duration {
             call(op, &inputs.pieces[k], &inputs.wholes[k], shards)
         })
         .collect();
+    let enqueued = start.elapsed() / iters as u32;
     device.sync().expect("the device answers");
     let elapsed = start.elapsed() / iters as u32;
     drop(outputs);
-    elapsed
+    (elapsed, enqueued)
 }
 
 fn median(mut values: Vec<Duration>) -> Duration {
@@ -178,11 +200,14 @@ fn main() {
         args.rounds, args.iters
     );
     // Ours first, then Burn's, then the copy; ours are compared with both.
-    let ops: Vec<Op> = match (args.split, args.fusion_ways) {
+    let mut ops: Vec<Op> = match (args.split, args.fusion_ways) {
         (false, false) => vec![Op::Gather, Op::Cat, Op::Copy],
         (false, true) => vec![Op::Gather, Op::Kernel, Op::Cat, Op::Copy],
         (true, _) => vec![Op::Scatter, Op::Split, Op::Copy],
     };
+    if let (Some(cubes), false) = (args.alt_cubes, args.split) {
+        ops.insert(ops.len() - 2, Op::Alt(cubes));
+    }
     let ours = ops.len() - 2;
     let (burns, copy) = (ops[ours], ops[ours + 1]);
     print!("{:>10} {:>5} |", "KiB", "parts");
@@ -194,6 +219,9 @@ fn main() {
         for other in [burns, copy] {
             print!(" {:>10}", format!("{}/{}", op.name(), other.name()));
         }
+    }
+    for op in &ops[..ours] {
+        print!(" {:>12}", format!("{} host ms", op.name()));
     }
     println!();
     for &kib in &args.sizes_kib {
@@ -207,12 +235,14 @@ fn main() {
                 true => Shards::new(cols, &devices, None, 1, device.clone()),
             };
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ops.len()];
+            let mut hosts: Vec<Vec<Duration>> = vec![Vec::new(); ops.len()];
             for round in 0..=args.rounds {
                 for k in 0..ops.len() {
                     let index = (k + round) % ops.len();
-                    let time = sample(ops[index], &inputs, &shards, args.iters);
+                    let (time, host) = sample(ops[index], &inputs, &shards, args.iters);
                     if round > 0 {
                         times[index].push(time);
+                        hosts[index].push(host);
                     }
                 }
             }
@@ -240,6 +270,9 @@ fn main() {
                 for other in [&cells[ours], &cells[ours + 1]] {
                     print!(" {:>10.3}", ratio(cell.0, other.0));
                 }
+            }
+            for host in &hosts[..ours] {
+                print!(" {:>12.4}", median(host.clone()).as_secs_f64() * 1e3);
             }
             println!();
         }

@@ -18,7 +18,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
 
-use super::ShardOps;
+use super::{ShardOps, concat_cubes};
 
 impl ShardOps for CubeBackend {
     fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
@@ -154,14 +154,13 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         offsets.push(offset);
         offset += width / vector;
     }
-    // Enough cubes for the largest input, at most about `CUBES` in all: the threads of a
-    // cube stride over the rest.
-    const CUBES: usize = 4096;
+    // Enough cubes for the largest input, at most about `concat_cubes` in all: the threads
+    // of a cube stride over the rest.
     let largest = widths.iter().max().expect("two inputs or more") / vector * outer;
     let cube_dim = CubeDim::new(&client, largest);
     let per_piece = largest
         .div_ceil(cube_dim.num_elems() as usize)
-        .min(CUBES.div_ceil(pieces as usize))
+        .min(concat_cubes().div_ceil(pieces as usize))
         .max(1);
     unsafe {
         concat_kernel::launch_unchecked(

@@ -33,7 +33,7 @@ mod host;
 #[cfg(feature = "kernels")]
 mod split;
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use burn::tensor::Tensor;
 use burn::tensor::kind::Basic;
@@ -58,6 +58,23 @@ static FUSION_CONCAT: AtomicU8 = AtomicU8::new(FusionConcat::Rule as u8);
 #[doc(hidden)]
 pub fn set_fusion_concat(way: FusionConcat) {
     FUSION_CONCAT.store(way as u8, Ordering::Relaxed);
+}
+
+/// About how many cubes a concatenation launches at most (`concat.rs`); the threads of a
+/// cube stride over the rest of its input.
+static CONCAT_CUBES: AtomicUsize = AtomicUsize::new(4096);
+
+/// Sets about how many cubes a concatenation launches at most, from now on, in every thread,
+/// and returns the cap before. Not part of the API: the concat bench compares caps in one
+/// process.
+#[doc(hidden)]
+pub fn set_concat_cubes(cubes: usize) -> usize {
+    CONCAT_CUBES.swap(cubes.max(1), Ordering::Relaxed)
+}
+
+#[cfg(feature = "kernels")]
+fn concat_cubes() -> usize {
+    CONCAT_CUBES.load(Ordering::Relaxed)
 }
 
 #[cfg(feature = "kernels")]
