@@ -5,7 +5,10 @@
 //! a squared loss once as its reference, then `ROUNDS` times more; a round whose gradients
 //! differ from the reference (relative error above 1e-3) is wrong. With `churn`, every round
 //! also allocates and drops tensors of a few sizes, so that memory the other threads free is
-//! handed out again. Burn's CubeCL backends give every thread a stream of its own.
+//! handed out again. With `tanh`, the perceptron's activation is a tanh instead of a ReLU:
+//! where products are rounded differently from one backward to the next, a ReLU turns the
+//! difference at a unit whose input is near zero into that unit's whole term, a tanh keeps
+//! it a rounding difference. Burn's CubeCL backends give every thread a stream of its own.
 //!
 //! A last row runs trainings one after the other, each on a fresh thread (a stream of its
 //! own) with a model of its own, two backwards each: how a test harness runs tests.
@@ -14,14 +17,15 @@
 //! Run (CUDA after `scripts/llvm-from-pypi.sh`; `flex` needs no feature):
 //!
 //! ```sh
-//! cargo run --release --example concurrent_backward -- [flex|cuda] [ROUNDS] [churn]
+//! cargo run --release --example concurrent_backward -- [flex|cuda] [ROUNDS] [churn] [tanh]
 //! CUDARC_CUDA_VERSION=13000 cargo run --release --features cuda,fusion --example concurrent_backward -- cuda 200
 //! ```
 
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::{Linear, LinearConfig, Relu};
+use burn::nn::activation::Activation;
+use burn::nn::{Linear, LinearConfig, Relu, Tanh};
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 
 /// Relative error above which a round counts as wrong.
@@ -30,15 +34,19 @@ const WRONG: f32 = 1e-3;
 #[derive(Module, Debug)]
 struct Mlp {
     first: Linear,
-    activation: Relu,
+    activation: Activation,
     second: Linear,
 }
 
 impl Mlp {
-    fn new(device: &Device) -> Self {
+    /// With a ReLU, or with a tanh where `smooth`.
+    fn new(smooth: bool, device: &Device) -> Self {
         Self {
             first: LinearConfig::new(6, 8).init(device),
-            activation: Relu::new(),
+            activation: match smooth {
+                true => Tanh::new().into(),
+                false => Relu::new().into(),
+            },
             second: LinearConfig::new(8, 3).init(device),
         }
     }
@@ -79,8 +87,8 @@ fn largest_error(found: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
 }
 
 /// One thread's training: the largest error of each round against the first.
-fn training(device: &Device, rounds: usize, churn: bool) -> Vec<f32> {
-    let model = Mlp::new(device);
+fn training(device: &Device, rounds: usize, churn: bool, smooth: bool) -> Vec<f32> {
+    let model = Mlp::new(smooth, device);
     let x = Tensor::<2>::random([12, 6], Distribution::Normal(0.0, 1.0), device);
     let grads = |model: &Mlp| {
         let loss = model.forward(x.clone()).powi_scalar(2).sum();
@@ -103,11 +111,11 @@ fn training(device: &Device, rounds: usize, churn: bool) -> Vec<f32> {
 
 /// `rounds` trainings one after the other, each on a fresh thread with a model of its own:
 /// the largest error of each one's second backward against its first.
-fn fresh_threads(device: &Device, rounds: usize, churn: bool) -> Vec<f32> {
+fn fresh_threads(device: &Device, rounds: usize, churn: bool, smooth: bool) -> Vec<f32> {
     (0..rounds)
         .map(|_| {
             std::thread::scope(|s| {
-                s.spawn(|| training(device, 1, churn)[0])
+                s.spawn(|| training(device, 1, churn, smooth)[0])
                     .join()
                     .expect("a training")
             })
@@ -129,32 +137,39 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let name = args.first().map_or("flex", String::as_str);
     let rounds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100);
-    let churn = args.get(2).is_some_and(|a| a == "churn");
+    let churn = args.iter().skip(2).any(|a| a == "churn");
+    let smooth = args.iter().skip(2).any(|a| a == "tanh");
     let device = device(name);
-    println!("| device | churn | threads | rounds | wrong rounds | largest error | ms per round |");
-    println!("|---|---|---|---|---|---|---|");
+    let activation = if smooth { "tanh" } else { "relu" };
+    println!(
+        "| device | activation | churn | threads | rounds | wrong rounds | largest error | ms per round |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for threads in [1, 2, 4, 8] {
         let started = Instant::now();
         let errors: Vec<f32> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
-                .map(|_| s.spawn(|| training(&device, rounds, churn)))
+                .map(|_| s.spawn(|| training(&device, rounds, churn, smooth)))
                 .collect();
             let per_thread = handles.into_iter().map(|h| h.join().expect("a training"));
             per_thread.flatten().collect()
         });
-        row(name, churn, &threads.to_string(), &errors, rounds, started);
+        let what = format!("{name} | {activation} | {churn} | {threads}");
+        row(&what, &errors, rounds, started);
     }
     let started = Instant::now();
-    let errors = fresh_threads(&device, rounds, churn);
-    row(name, churn, "1 at a time, fresh", &errors, rounds, started);
+    let errors = fresh_threads(&device, rounds, churn, smooth);
+    let what = format!("{name} | {activation} | {churn} | 1 at a time, fresh");
+    row(&what, &errors, rounds, started);
 }
 
-fn row(name: &str, churn: bool, threads: &str, errors: &[f32], rounds: usize, started: Instant) {
+/// A row of the table: `what` (its first columns), then the counts and times.
+fn row(what: &str, errors: &[f32], rounds: usize, started: Instant) {
     let wrong = errors.iter().filter(|e| **e > WRONG).count();
     let worst = errors.iter().copied().fold(0.0f32, f32::max);
     let ms = started.elapsed().as_secs_f64() * 1e3 / rounds as f64;
     println!(
-        "| {name} | {churn} | {threads} | {} | {wrong} | {worst:.2e} | {ms:.2} |",
+        "| {what} | {} | {wrong} | {worst:.2e} | {ms:.2} |",
         errors.len()
     );
 }
