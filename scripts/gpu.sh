@@ -15,8 +15,9 @@
 #                                     # cold: COLD_MODELS, COLD_REPLICAS, DRIVER_CACHE; what
 #                                     # each cold process compiled: records-*.txt)
 #   scripts/gpu.sh concat LOG_DIR     # on the GPU machine: benches/concat (the gather's kernel
-#                                     # against Tensor::cat and a copy), then torch.cat's
-#                                     # figures for the same cases (benches/concat/torch_cat.py)
+#                                     # against Tensor::cat and a copy; CONCAT_BIN, CONCAT_ARGS),
+#                                     # then torch.cat's figures for the same cases
+#                                     # (benches/concat/torch_cat.py; TORCH=no skips them)
 #   scripts/gpu.sh upstream LOG_DIR   # on the GPU machine: upstream/cross_stream.rs (CubeCL's
 #                                     # cross-stream controls, UPSTREAM_ROUNDS rounds each)
 #   scripts/gpu.sh compare LOG_DIR    # on the GPU machine: the ignored tests COMPARE_FILTER
@@ -172,9 +173,13 @@ concat() {
     local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$log/concat-gpu.txt"
-    timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/concat" --device "${BENCH_DEVICES:-cuda:0}" \
-        2>&1 | tee "$log/concat.log" || true
-    timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
+    # CONCAT_BIN: the bench's binary (concat, or concat-NAME of a build with SUFFIX=-NAME);
+    # CONCAT_ARGS: its arguments after the device; TORCH=no skips torch.cat's figures.
+    # shellcheck disable=SC2086
+    timeout "${BENCH_LIMIT:-300}" "$BUNDLE/bin/${CONCAT_BIN:-concat}" --device "${BENCH_DEVICES:-cuda:0}" \
+        ${CONCAT_ARGS:-} 2>&1 | tee "$log/${CONCAT_BIN:-concat}.log" || true
+    [ "${TORCH:-yes}" = no ] \
+        || timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
 }
 
 upstream() {
