@@ -4,6 +4,7 @@
 
 use burn::backend::GradientCheckpointingStrategy;
 use burn::tensor::{Device, Int, Tensor};
+use burn_dataparallel::__bench::{FusionConcat, set_concat_cubes, set_fusion_concat};
 use burn_dataparallel::{Gather, Shards};
 
 use crate::common::{counting, counting_on_host, values};
@@ -147,6 +148,37 @@ pub fn gathers_pieces_of_unequal_sizes(devices: &[Device]) {
     }
 }
 
+/// Pieces of unequal sizes through launches of the concat kernel capped at a few cubes (its
+/// Fusion operation forced under Fusion), along both dimensions, with vectors of one element
+/// and of four: every thread strides over its piece many times, whatever the default cap.
+pub fn gathers_through_few_cubes(devices: &[Device]) {
+    /// The default cap and Fusion's rule back, even where an assertion fails.
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            set_concat_cubes(self.0);
+            set_fusion_concat(FusionConcat::Rule);
+        }
+    }
+    let device = &devices[0];
+    let _restore = Restore(set_concat_cubes(3));
+    set_fusion_concat(FusionConcat::Kernel);
+    for sizes in [[300, 7, 1000], [300, 8, 1000]] {
+        for dim in [0, 1] {
+            let parts = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| {
+                    let mut dims = [24, 24];
+                    dims[dim] = size;
+                    counting_on_host(dims, 100_000 * i, device)
+                })
+                .collect();
+            gathers_as_cat(parts, dim, device);
+        }
+    }
+}
+
 /// The values and gradients of `parts` pieces of 1 to 3 lines of `width` through a gather,
 /// against `Tensor::cat`'s; the first `frozen` pieces need no gradient.
 fn gradients_through(
@@ -220,4 +252,5 @@ crate::on_every_device_list!(
     gradients_reach_every_piece => super::gradients_reach_every_piece,
     gathers_many_large_pieces => super::gathers_many_large_pieces,
     gathers_pieces_of_unequal_sizes => super::gathers_pieces_of_unequal_sizes,
+    gathers_through_few_cubes => super::gathers_through_few_cubes,
 );
