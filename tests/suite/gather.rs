@@ -2,6 +2,8 @@
 //! Burn's `Tensor::cat` on the same device, value for value, and so do the gradients that
 //! flow back through it.
 
+use std::sync::{Mutex, PoisonError};
+
 use burn::backend::GradientCheckpointingStrategy;
 use burn::tensor::{Device, Int, Tensor};
 use burn_dataparallel::__bench::{FusionConcat, set_concat_cubes, set_fusion_concat};
@@ -160,6 +162,10 @@ pub fn gathers_through_few_cubes(devices: &[Device]) {
             set_fusion_concat(FusionConcat::Rule);
         }
     }
+    // One such test at a time in a process (the device lists' variants run on parallel
+    // threads), so that none takes another's cap of 3 for the default it restores.
+    static KNOBS: Mutex<()> = Mutex::new(());
+    let _turn = KNOBS.lock().unwrap_or_else(PoisonError::into_inner);
     let device = &devices[0];
     let _restore = Restore(set_concat_cubes(3));
     set_fusion_concat(FusionConcat::Kernel);
