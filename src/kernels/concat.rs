@@ -111,18 +111,6 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
     if tensors.len() == 1 {
         return tensors.into_iter().next().expect("one tensor");
     }
-    // A launch binds each input, the output and the metadata, and devices bound the bindings
-    // of a launch (wgpu: its storage buffers, 8 to 31): more inputs are joined in groups
-    // first.
-    let most = (client.properties().hardware.max_bindings as usize)
-        .saturating_sub(2)
-        .max(2);
-    if tensors.len() > most {
-        let groups = tensors
-            .chunks(most)
-            .map(|group| concat(group.to_vec(), dim));
-        return concat(groups.collect(), dim);
-    }
     let output = empty_device_contiguous_dtype(client.clone(), device, shape.clone().into(), dtype);
     if tensors.is_empty() || output.meta.num_elements() == 0 {
         return output;
@@ -136,47 +124,87 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         .collect();
     let vector = vector_size(&client, dtype.size(), &widths);
     let row_width: usize = widths.iter().sum::<usize>() / vector;
-
-    let address = tensors
+    // Where each input's columns start in a row of the output, in vectors.
+    let offsets: Vec<usize> = widths
         .iter()
-        .map(CubeTensor::required_address_type)
-        .chain([output.required_address_type()])
-        .max()
-        .unwrap_or_default();
-    let pieces = tensors.len() as u32;
-    let mut inputs = SequenceArg::new();
-    let mut vector_widths = SequenceArg::new();
-    let mut offsets = SequenceArg::new();
-    let mut offset = 0;
-    for (tensor, width) in tensors.into_iter().zip(&widths) {
-        inputs.push(tensor.into_tensor_arg());
-        vector_widths.push(width / vector);
-        offsets.push(offset);
-        offset += width / vector;
-    }
-    // Enough cubes for the largest input, at most about `concat_cubes` in all: the threads
-    // of a cube stride over the rest.
-    let largest = widths.iter().max().expect("two inputs or more") / vector * outer;
-    let cube_dim = CubeDim::new(&client, largest);
-    let per_piece = largest
-        .div_ceil(cube_dim.num_elems() as usize)
-        .min(concat_cubes().div_ceil(pieces as usize))
+        .scan(0, |start, width| {
+            let offset = *start;
+            *start += width / vector;
+            Some(offset)
+        })
+        .collect();
+
+    // A launch binds each input, the output and the metadata, and devices bound the bindings
+    // of a launch (wgpu: its storage buffers, 8 to 31): more inputs go in several launches,
+    // each writing its inputs' columns of the one output.
+    let most = (client.properties().hardware.max_bindings as usize)
+        .saturating_sub(2)
         .max(1);
-    unsafe {
-        concat_kernel::launch_unchecked(
-            &client,
-            CubeCount::new_2d(per_piece as u32, pieces),
-            cube_dim,
-            address,
-            vector,
-            inputs,
-            output.clone().into_tensor_arg(),
-            vector_widths,
+    let mut tensors = tensors.into_iter();
+    for (widths, offsets) in widths.chunks(most).zip(offsets.chunks(most)) {
+        let group = tensors.by_ref().take(widths.len()).collect();
+        let launch = Launch {
+            widths,
             offsets,
+            vector,
             row_width,
-            outer == 1,
-            dtype_to_storage_type(dtype),
-        );
+            outer,
+        };
+        launch.run(&client, group, &output);
     }
     output
+}
+
+/// One launch of [`concat_kernel`]: `widths` and `offsets` (in vectors, within a row of the
+/// output) of the inputs it copies, of `vector` elements, into rows of `row_width` vectors.
+struct Launch<'a> {
+    widths: &'a [usize],
+    offsets: &'a [usize],
+    vector: usize,
+    row_width: usize,
+    outer: usize,
+}
+
+impl Launch<'_> {
+    fn run(&self, client: &Client, inputs: Vec<CubeTensor>, output: &CubeTensor) {
+        let address = inputs
+            .iter()
+            .map(CubeTensor::required_address_type)
+            .chain([output.required_address_type()])
+            .max()
+            .unwrap_or_default();
+        let pieces = inputs.len() as u32;
+        let mut args = SequenceArg::new();
+        let mut widths = SequenceArg::new();
+        let mut offsets = SequenceArg::new();
+        for ((tensor, width), offset) in inputs.into_iter().zip(self.widths).zip(self.offsets) {
+            args.push(tensor.into_tensor_arg());
+            widths.push(width / self.vector);
+            offsets.push(*offset);
+        }
+        // Enough cubes for the largest input, at most about `concat_cubes` in all: the threads
+        // of a cube stride over the rest.
+        let largest = self.widths.iter().max().expect("an input") / self.vector * self.outer;
+        let cube_dim = CubeDim::new(client, largest);
+        let per_piece = largest
+            .div_ceil(cube_dim.num_elems() as usize)
+            .min(concat_cubes().div_ceil(pieces as usize))
+            .max(1);
+        unsafe {
+            concat_kernel::launch_unchecked(
+                client,
+                CubeCount::new_2d(per_piece as u32, pieces),
+                cube_dim,
+                address,
+                self.vector,
+                args,
+                output.clone().into_tensor_arg(),
+                widths,
+                offsets,
+                self.row_width,
+                self.outer == 1,
+                dtype_to_storage_type(output.dtype),
+            );
+        }
+    }
 }
