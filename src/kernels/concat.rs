@@ -1,4 +1,5 @@
-//! Concatenation of any number of tensors along any dimension in one kernel launch.
+//! Concatenation of any number of tensors along any dimension in one kernel launch (one per
+//! group of inputs where a device binds fewer buffers a launch, as wgpu's do).
 //!
 //! Every input is seen as a matrix `[outer, width_i]`, where `outer` is the product of the
 //! dimensions before `dim` and `width_i` that of `dim` and the ones after it, and the output as
