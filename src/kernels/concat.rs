@@ -124,13 +124,14 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
         .map(|t| t.meta.shape()[dim] * inner)
         .collect();
     let vector = vector_size(&client, dtype.size(), &widths);
-    let row_width: usize = widths.iter().sum::<usize>() / vector;
-    // Where each input's columns start in a row of the output, in vectors.
+    // Widths, and where each input's columns start in a row of the output, in vectors.
+    let widths: Vec<usize> = widths.iter().map(|width| width / vector).collect();
+    let row_width: usize = widths.iter().sum();
     let offsets: Vec<usize> = widths
         .iter()
         .scan(0, |start, width| {
             let offset = *start;
-            *start += width / vector;
+            *start += width;
             Some(offset)
         })
         .collect();
@@ -156,8 +157,8 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
     output
 }
 
-/// One launch of [`concat_kernel`]: `widths` and `offsets` (in vectors, within a row of the
-/// output) of the inputs it copies, of `vector` elements, into rows of `row_width` vectors.
+/// One launch of [`concat_kernel`]: the `widths` and `offsets` (within a row of the output)
+/// of the inputs it copies, into rows of `row_width`; all in vectors of `vector` elements.
 struct Launch<'a> {
     widths: &'a [usize],
     offsets: &'a [usize],
@@ -180,12 +181,12 @@ impl Launch<'_> {
         let mut offsets = SequenceArg::new();
         for ((tensor, width), offset) in inputs.into_iter().zip(self.widths).zip(self.offsets) {
             args.push(tensor.into_tensor_arg());
-            widths.push(width / self.vector);
+            widths.push(*width);
             offsets.push(*offset);
         }
         // Enough cubes for the largest input, at most about `concat_cubes` in all: the threads
         // of a cube stride over the rest.
-        let largest = self.widths.iter().max().expect("an input") / self.vector * self.outer;
+        let largest = self.widths.iter().max().expect("an input") * self.outer;
         let cube_dim = CubeDim::new(client, largest);
         let per_piece = largest
             .div_ceil(cube_dim.num_elems() as usize)
