@@ -116,11 +116,9 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec
         }
         Op::Alt(cubes) => {
             let default = set_concat_cubes(cubes);
-            set_fusion_concat(FusionConcat::Kernel);
-            let output = Gather::gather(inputs.to_vec(), shards).expect("same shapes");
-            set_fusion_concat(FusionConcat::Rule);
+            let output = call(Op::Kernel, inputs, whole, shards);
             set_concat_cubes(default);
-            vec![output]
+            output
         }
         Op::Cat => vec![Tensor::cat(inputs.to_vec(), 0)],
         Op::Scatter => Scatter::scatter(whole.clone(), shards),
