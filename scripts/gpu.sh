@@ -28,6 +28,12 @@
 #                                     # build, 16 at a time, in blocks of BLOCK seconds (45)
 #                                     # that alternate builds and lists, ROUNDS times (2);
 #                                     # counts the failures per build and list, keeps their logs
+#   scripts/gpu.sh concurrent LOG_DIR # on the GPU machine: upstream/concurrent_backward.rs
+#                                     # (binaries concurrent-BUILD) in CONCURRENT_PROCS fresh
+#                                     # processes per arm of CONCURRENT_ARMS (BUILD:ACTIVATION,
+#                                     # "fusion:relu fusion:tanh"), the arms alternating, 16 at
+#                                     # a time, each on an empty kernel cache of its own;
+#                                     # counts the processes with wrong rounds per arm
 #   scripts/gpu.sh repeat LOG_DIR     # on the GPU machine: the ignored tests REPEAT_FILTER
 #                                     # matches (`learner`: the Learner steps) on REPEAT_LIST,
 #                                     # in REPEAT_RUNS fresh processes, REPEAT_JOBS at a time,
@@ -182,6 +188,41 @@ concat() {
         || timeout "${BENCH_LIMIT:-300}" python3 benches/concat/torch_cat.py 2>&1 | tee "$log/torch_cat.log" || true
 }
 
+concurrent() {
+    local log; log=$(log_dir "${1:?LOG_DIR}")
+    unpack
+    local arms=${CONCURRENT_ARMS:-fusion:relu fusion:tanh} procs=${CONCURRENT_PROCS:-8}
+    rm -rf target/environment/concurrent-*
+    for i in $(seq 1 "$procs"); do
+        for arm in $arms; do echo "$arm $i"; done
+    done | xargs -P 16 -L1 bash "$SELF" concurrent-one "$log"
+    # A process counts as wrong where any of its rows has a wrong round; its largest error
+    # is the largest of its rows'.
+    for arm in $arms; do
+        local name=${arm//:/-} wrong=0 ran=0 cut=0 worst=""
+        for f in "$log/$name"-*.log; do
+            [ -e "$f" ] || continue
+            ran=$((ran + 1))
+            grep -q 'fresh' "$f" || cut=$((cut + 1))
+            awk -F'|' '$7 + 0 > 0 { found = 1 } END { exit !found }' "$f" && wrong=$((wrong + 1))
+            worst="$worst $(awk -F'|' '$8 ~ /e/ { v = $8 + 0; if (v > m) m = v } END { printf "%.2e", m }' "$f")"
+        done
+        echo "concurrent $arm: $wrong of $ran processes with wrong rounds ($cut cut before the fresh row); largest errors:$worst" \
+            | tee -a "$log/summary.txt"
+    done
+}
+
+# One process of `concurrent`: LOG_DIR BUILD:ACTIVATION N.
+concurrent_one() {
+    local log=$1 arm=$2 n=$3
+    local build=${arm%%:*} activation=${arm#*:}
+    local args="cuda ${CONCURRENT_ROUNDS:-100} churn"
+    [ "$activation" = tanh ] && args="$args tanh"
+    # shellcheck disable=SC2086
+    CUBECL_ENVIRONMENT=concurrent-${arm//:/-}-$n timeout "${CONCURRENT_LIMIT:-150}" \
+        "$BUNDLE/bin/concurrent-$build" $args > "$log/${arm//:/-}-$n.log" 2>&1 || true
+}
+
 upstream() {
     local log; log=$(log_dir "${1:?LOG_DIR}")
     unpack
@@ -309,5 +350,7 @@ case "${1:-}" in
     bench) shift; bench "$@" ;;
     concat) shift; concat "$@" ;;
     upstream) shift; upstream "$@" ;;
-    *) sed -n 2,26p "$0"; exit 2 ;;
+    concurrent) shift; concurrent "$@" ;;
+    concurrent-one) shift; concurrent_one "$@" ;;
+    *) sed -n 2,48p "$0"; exit 2 ;;
 esac

@@ -170,7 +170,7 @@ pub use warm_up::WarmUp;
 /// Not part of the API: what the crate's benches set to compare its ways of working.
 #[doc(hidden)]
 pub mod __bench {
-    pub use crate::kernels::{FusionConcat, set_concat_cubes, set_fusion_concat};
+    pub use crate::kernels::{FusionConcat, set_concat_cubes, set_concat_group, set_fusion_concat};
 }
 
 /// The README's Rust examples, compiled (and run, where not `no_run`) as doctests.

@@ -23,7 +23,9 @@
 //! Fusion operations run at the sync, so there the host time is the queue's only.)
 //! `--fusion-ways` adds `kernel`, the gather with the crate's kernel forced, after `gather`.
 //! `--alt-cubes N` adds `alt`, the gather (the kernel forced under Fusion) with the kernel's
-//! cap of cubes at `N` instead of its default, after them.
+//! cap of cubes at `N` instead of its default, after them; `--alt-group N` the same with at
+//! most `N` inputs a launch (several launches into the one output), alone or with
+//! `--alt-cubes`.
 //!
 //! With `--split` the first two operations are `scatter` (`Scatter::scatter` of one tensor
 //! into `parts` pieces along its columns, all on the device: the crate's kernel, one launch
@@ -35,7 +37,9 @@
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
-use burn_dataparallel::__bench::{FusionConcat, set_concat_cubes, set_fusion_concat};
+use burn_dataparallel::__bench::{
+    FusionConcat, set_concat_cubes, set_concat_group, set_fusion_concat,
+};
 use burn_dataparallel::{DeviceList, Gather, Scatter, Shards};
 use clap::Parser;
 
@@ -71,6 +75,10 @@ struct Args {
     /// gather with the default cap.
     #[arg(long)]
     alt_cubes: Option<usize>,
+    /// The gather with at most this many inputs a launch of the concat kernel (`alt`), beside
+    /// the gather with one launch for all.
+    #[arg(long)]
+    alt_group: Option<usize>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -81,8 +89,12 @@ enum Op {
     Gather,
     /// The gather with the crate's kernel forced under Fusion (`--fusion-ways`).
     Kernel,
-    /// The gather with another cap of cubes, the kernel forced under Fusion (`--alt-cubes`).
-    Alt(usize),
+    /// The gather with another cap of cubes or of inputs a launch, the kernel forced under
+    /// Fusion (`--alt-cubes`, `--alt-group`; `None`: the default).
+    Alt {
+        cubes: Option<usize>,
+        group: Option<usize>,
+    },
     Cat,
     Scatter,
     Split,
@@ -94,7 +106,7 @@ impl Op {
         match self {
             Op::Gather => "gather",
             Op::Kernel => "kernel",
-            Op::Alt(_) => "alt",
+            Op::Alt { .. } => "alt",
             Op::Cat => "cat",
             Op::Scatter => "scatter",
             Op::Split => "split",
@@ -114,10 +126,17 @@ fn call(op: Op, inputs: &[Tensor<2>], whole: &Tensor<2>, shards: &Shards) -> Vec
             set_fusion_concat(FusionConcat::Rule);
             vec![output]
         }
-        Op::Alt(cubes) => {
-            let default = set_concat_cubes(cubes);
+        Op::Alt { cubes, group } => {
+            // Each knob set for this call only, back to what it was after.
+            let cubes = cubes.map(set_concat_cubes);
+            let group = group.map(set_concat_group);
             let output = call(Op::Kernel, inputs, whole, shards);
-            set_concat_cubes(default);
+            if let Some(cubes) = cubes {
+                set_concat_cubes(cubes);
+            }
+            if let Some(group) = group {
+                set_concat_group(group);
+            }
             output
         }
         Op::Cat => vec![Tensor::cat(inputs.to_vec(), 0)],
@@ -203,8 +222,9 @@ fn main() {
         (false, true) => vec![Op::Gather, Op::Kernel, Op::Cat, Op::Copy],
         (true, _) => vec![Op::Scatter, Op::Split, Op::Copy],
     };
-    if let (Some(cubes), false) = (args.alt_cubes, args.split) {
-        ops.insert(ops.len() - 2, Op::Alt(cubes));
+    let (cubes, group) = (args.alt_cubes, args.alt_group);
+    if (cubes.is_some() || group.is_some()) && !args.split {
+        ops.insert(ops.len() - 2, Op::Alt { cubes, group });
     }
     let ours = ops.len() - 2;
     let (burns, copy) = (ops[ours], ops[ours + 1]);

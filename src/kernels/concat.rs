@@ -19,7 +19,7 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 use cubecl::std::FastDivmod;
 
-use super::{ShardOps, concat_cubes};
+use super::{ShardOps, concat_cubes, concat_group};
 
 impl ShardOps for CubeBackend {
     fn concat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
@@ -141,6 +141,7 @@ pub(super) fn concat(tensors: Vec<CubeTensor>, dim: usize) -> CubeTensor {
     // each writing its inputs' columns of the one output.
     let most = (client.properties().hardware.max_bindings as usize)
         .saturating_sub(2)
+        .min(concat_group())
         .max(1);
     let mut tensors = tensors.into_iter();
     for (widths, offsets) in widths.chunks(most).zip(offsets.chunks(most)) {

@@ -77,6 +77,26 @@ fn concat_cubes() -> usize {
     CONCAT_CUBES.load(Ordering::Relaxed)
 }
 
+/// How many inputs one concatenation launch copies at most (`concat.rs`), below what the
+/// device binds; 0: as many as it binds.
+static CONCAT_GROUP: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets how many inputs one concatenation launch copies at most (0: as many as the device
+/// binds), from now on, in every thread, and returns the setting before. Not part of the API:
+/// the concat bench compares groups in one process.
+#[doc(hidden)]
+pub fn set_concat_group(inputs: usize) -> usize {
+    CONCAT_GROUP.swap(inputs, Ordering::Relaxed)
+}
+
+#[cfg(feature = "kernels")]
+fn concat_group() -> usize {
+    match CONCAT_GROUP.load(Ordering::Relaxed) {
+        0 => usize::MAX,
+        inputs => inputs,
+    }
+}
+
 #[cfg(feature = "kernels")]
 fn fusion_concat() -> FusionConcat {
     match FUSION_CONCAT.load(Ordering::Relaxed) {

@@ -2,11 +2,13 @@
 //! Burn's `Tensor::cat` on the same device, value for value, and so do the gradients that
 //! flow back through it.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use burn::backend::GradientCheckpointingStrategy;
 use burn::tensor::{Device, Int, Tensor};
-use burn_dataparallel::__bench::{FusionConcat, set_concat_cubes, set_fusion_concat};
+use burn_dataparallel::__bench::{
+    FusionConcat, set_concat_cubes, set_concat_group, set_fusion_concat,
+};
 use burn_dataparallel::{Gather, Shards};
 
 use crate::common::{counting, counting_on_host, values};
@@ -150,25 +152,46 @@ pub fn gathers_pieces_of_unequal_sizes(devices: &[Device]) {
     }
 }
 
-/// Pieces of unequal sizes through launches of the concat kernel capped at a few cubes (its
-/// Fusion operation forced under Fusion), along both dimensions, with vectors of one element
-/// and of four: every thread strides over its piece many times, whatever the default cap.
-pub fn gathers_through_few_cubes(devices: &[Device]) {
-    /// The default cap and Fusion's rule back, even where an assertion fails.
-    struct Restore(usize);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            set_concat_cubes(self.0);
-            set_fusion_concat(FusionConcat::Rule);
+/// The concat kernel's knobs (its cap of cubes, its inputs a launch, its Fusion operation
+/// forced) held by one test at a time in a process (the device lists' variants run on
+/// parallel threads, and none may take another's setting for the default it restores), and
+/// set back when dropped, even where an assertion fails.
+struct Knobs {
+    /// The settings before, of those set.
+    cubes: Option<usize>,
+    group: Option<usize>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Knobs {
+    /// The kernel forced, at most `cubes` cubes and `group` inputs a launch where given.
+    fn hold(cubes: Option<usize>, group: Option<usize>) -> Self {
+        static TURN: Mutex<()> = Mutex::new(());
+        let turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+        set_fusion_concat(FusionConcat::Kernel);
+        Self {
+            cubes: cubes.map(set_concat_cubes),
+            group: group.map(set_concat_group),
+            _turn: turn,
         }
     }
-    // One such test at a time in a process (the device lists' variants run on parallel
-    // threads), so that none takes another's cap of 3 for the default it restores.
-    static KNOBS: Mutex<()> = Mutex::new(());
-    let _turn = KNOBS.lock().unwrap_or_else(PoisonError::into_inner);
-    let device = &devices[0];
-    let _restore = Restore(set_concat_cubes(3));
-    set_fusion_concat(FusionConcat::Kernel);
+}
+
+impl Drop for Knobs {
+    fn drop(&mut self) {
+        if let Some(cubes) = self.cubes {
+            set_concat_cubes(cubes);
+        }
+        if let Some(group) = self.group {
+            set_concat_group(group);
+        }
+        set_fusion_concat(FusionConcat::Rule);
+    }
+}
+
+/// Pieces of unequal sizes along both dimensions, with vectors of one element and of four,
+/// through the concat kernel (its Fusion operation forced under Fusion) as [`Knobs`] set it.
+fn gathers_unequal_pieces(device: &Device) {
     for sizes in [[300, 7, 1000], [300, 8, 1000]] {
         for dim in [0, 1] {
             let parts = sizes
@@ -183,6 +206,21 @@ pub fn gathers_through_few_cubes(devices: &[Device]) {
             gathers_as_cat(parts, dim, device);
         }
     }
+}
+
+/// Pieces of unequal sizes through launches of the concat kernel capped at a few cubes:
+/// every thread strides over its piece many times, whatever the default cap.
+pub fn gathers_through_few_cubes(devices: &[Device]) {
+    let _knobs = Knobs::hold(Some(3), None);
+    gathers_unequal_pieces(&devices[0]);
+}
+
+/// Pieces of unequal sizes through several launches of the concat kernel into one output,
+/// one input a launch: where a device binds fewer buffers than the inputs, as on wgpu, the
+/// kernel launches once per group; this takes that path on every device.
+pub fn gathers_through_several_launches(devices: &[Device]) {
+    let _knobs = Knobs::hold(None, Some(1));
+    gathers_unequal_pieces(&devices[0]);
 }
 
 /// The values and gradients of `parts` pieces of 1 to 3 lines of `width` through a gather,
@@ -259,4 +297,5 @@ crate::on_every_device_list!(
     gathers_many_large_pieces => super::gathers_many_large_pieces,
     gathers_pieces_of_unequal_sizes => super::gathers_pieces_of_unequal_sizes,
     gathers_through_few_cubes => super::gathers_through_few_cubes,
+    gathers_through_several_launches => super::gathers_through_several_launches,
 );
