@@ -48,10 +48,13 @@ fn concat_kernel<E: Numeric, N: Size>(
     #[unroll]
     for i in 0..comptime![inputs.len()] {
         if piece == i {
-            let input = inputs.index(i).as_slice();
+            let tensor = inputs.index(i);
+            // The tensor's vectors (its shape's), not its slice's length: that is the
+            // buffer's, which a device may round up (CUDA's allocations are).
+            let units = tensor.len();
+            let input = tensor.as_slice();
             let width = widths.index(i);
             let offset = *offsets.index(i);
-            let units = input.len();
             let mut pos = (CUBE_POS_X * CUBE_DIM + UNIT_POS) as usize;
             while pos < units {
                 let mut target = pos + offset;
