@@ -188,13 +188,15 @@ impl Launch<'_> {
             widths.push(*width);
             offsets.push(*offset);
         }
-        // Enough cubes for the largest input, at most about `concat_cubes` in all: the threads
-        // of a cube stride over the rest.
+        // Enough cubes for the largest input, at most about `concat_cubes` in all and what a
+        // grid's row holds on the device: the threads of a cube stride over the rest.
         let largest = self.widths.iter().max().expect("an input") * self.outer;
         let cube_dim = CubeDim::new(client, largest);
+        let row = client.properties().hardware.max_cube_count.0 as usize;
         let per_piece = largest
             .div_ceil(cube_dim.num_elems() as usize)
             .min(concat_cubes().div_ceil(pieces as usize))
+            .min(row)
             .max(1);
         unsafe {
             concat_kernel::launch_unchecked(

@@ -61,8 +61,10 @@ pub fn set_fusion_concat(way: FusionConcat) {
 }
 
 /// About how many cubes a concatenation launches at most (`concat.rs`); the threads of a
-/// cube stride over the rest of its input.
-static CONCAT_CUBES: AtomicUsize = AtomicUsize::new(4096);
+/// cube stride over the rest of its input. Enough that inputs up to hundreds of MiB take one
+/// pass (a lower cap measured slower there: `benches/RESULTS.md`), under the 65 535 cubes a
+/// grid's row may hold on wgpu once split over two inputs or more.
+static CONCAT_CUBES: AtomicUsize = AtomicUsize::new(65536);
 
 /// Sets about how many cubes a concatenation launches at most, from now on, in every thread,
 /// and returns the cap before. Not part of the API: the concat bench compares caps in one
