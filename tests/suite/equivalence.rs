@@ -62,13 +62,6 @@ pub fn gradients_match_step_after_step(devices: &[Device]) {
     step_after_step(Mlp::new(&devices[0]), devices);
 }
 
-/// [`gradients_match_step_after_step`] with a tanh for the ReLU: on a GPU, a failure of the
-/// ReLU's test and none of this one points at rounding (a unit whose input is near zero cut
-/// in one backward and kept in the other), failures of both at a fault.
-pub fn smooth_gradients_match_step_after_step(devices: &[Device]) {
-    step_after_step(Mlp::smooth(&devices[0]), devices);
-}
-
 fn step_after_step(model: Mlp, devices: &[Device]) {
     let device = &devices[0];
     let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
@@ -208,7 +201,6 @@ pub fn inference_without_autodiff(devices: &[Device]) {
 crate::on_every_device_list!(
     the_bare_model_s_gradients_repeat => super::the_bare_model_s_gradients_repeat,
     gradients_match_step_after_step => super::gradients_match_step_after_step,
-    smooth_gradients_match_step_after_step => super::smooth_gradients_match_step_after_step,
     even_batches => super::even_batches,
     uneven_batches => super::uneven_batches,
     batches_smaller_than_the_device_list => super::batches_smaller_than_the_device_list,
