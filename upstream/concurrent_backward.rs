@@ -3,7 +3,8 @@
 //!
 //! Each thread builds a two-layer perceptron and a batch of its own, takes the gradients of
 //! a squared loss once as its reference, then `ROUNDS` times more; a round whose gradients
-//! differ from the reference (relative error above 1e-3) is wrong. With `churn`, every round
+//! differ from the reference by more than the crate's GPU tolerance (5e-3 of each
+//! gradient's largest element: TF32 products round to about 1e-3 of it) is wrong. With `churn`, every round
 //! also allocates and drops tensors of a few sizes, so that memory the other threads free is
 //! handed out again. With `tanh`, the perceptron's activation is a tanh instead of a ReLU:
 //! where products are rounded differently from one backward to the next, a ReLU turns the
@@ -28,8 +29,8 @@ use burn::nn::activation::Activation;
 use burn::nn::{Linear, LinearConfig, Relu, Tanh};
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 
-/// Relative error above which a round counts as wrong.
-const WRONG: f32 = 1e-3;
+/// Error, relative to a gradient's largest element, above which a round counts as wrong.
+const WRONG: f32 = 5e-3;
 
 #[derive(Module, Debug)]
 struct Mlp {
@@ -79,10 +80,16 @@ fn gradients(model: &Mlp, grads: &Gradients) -> Vec<Vec<f32>> {
     read.1
 }
 
+/// The largest difference of any gradient's elements, relative to that gradient's largest
+/// element (relative to each element, a rounding of a small one would look large).
 fn largest_error(found: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
-    (found.iter().flatten())
-        .zip(expected.iter().flatten())
-        .map(|(f, e)| (f - e).abs() / e.abs().max(1e-3))
+    (found.iter().zip(expected))
+        .map(|(f, e)| {
+            let scale = e.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            (f.iter().zip(e))
+                .map(|(f, e)| (f - e).abs() / scale)
+                .fold(0.0, f32::max)
+        })
         .fold(0.0, f32::max)
 }
 
