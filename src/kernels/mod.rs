@@ -60,10 +60,10 @@ pub fn set_fusion_concat(way: FusionConcat) {
     FUSION_CONCAT.store(way as u8, Ordering::Relaxed);
 }
 
-/// About how many cubes a concatenation launches at most (`concat.rs`); the threads of a
-/// cube stride over the rest of its input. Enough that inputs up to hundreds of MiB take one
-/// pass (a lower cap measured slower there: `benches/RESULTS.md`), under the 65 535 cubes a
-/// grid's row may hold on wgpu once split over two inputs or more.
+/// About how many cubes a concatenation launches at most (`concat.rs`, which also keeps a
+/// row of the grid within what the device holds); the threads of a cube stride over the rest
+/// of its input. Enough that inputs up to hundreds of MiB take one pass (a lower cap
+/// measured slower there: `benches/RESULTS.md`).
 static CONCAT_CUBES: AtomicUsize = AtomicUsize::new(65536);
 
 /// Sets about how many cubes a concatenation launches at most, from now on, in every thread,

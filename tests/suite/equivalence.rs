@@ -59,11 +59,8 @@ pub fn the_bare_model_s_gradients_repeat(devices: &[Device]) {
 /// model's and the bare model's equal themselves on a second backward: a fault that shows in
 /// a few steps of a thousand (a race) shows here in one process.
 pub fn gradients_match_step_after_step(devices: &[Device]) {
-    step_after_step(Mlp::new(&devices[0]), devices);
-}
-
-fn step_after_step(model: Mlp, devices: &[Device]) {
     let device = &devices[0];
+    let model = Mlp::new(device);
     let dp = DataParallel::new(model.clone(), devices.to_vec()).unwrap();
     let loss = |y: Tensor<2>| y.powi_scalar(2).sum();
     for step in 0..STEPS {
